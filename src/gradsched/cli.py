@@ -1,0 +1,216 @@
+"""The ``gradsched`` command line.
+
+    gradsched simulate --model vgg16 --workers 16 --bandwidth 10Gbit --arch allreduce \\
+        --policy fifo,priority,bytescheduler,prophet [--sweep-bandwidth 1,2,5,10,25,100] \\
+        [--json] [--trace out.json] [--plot out.png]
+    gradsched profile --model resnet50 --out resnet50.json
+    gradsched models
+
+Bad input exits with status 2 and one line that says what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .core import POLICIES, policy_config
+from .core.base import PolicyConfig
+from .models import DEVICES, MODELS, ModelTable, model_table
+from .sim import Cluster
+from .sim.compare import compare, rows_json, rows_text
+from .units import parse_bandwidth, parse_duration
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of usage + message
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"built-in model: {', '.join(MODELS)} (default resnet50)")
+    p.add_argument("--batch", type=int, default=32, help="samples per worker per iteration (default 32)")
+    p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)} (default v100)")
+    p.add_argument("--classes", type=int, default=1000, help="classifier size of image models (default 1000)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sample of text models (default 128)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gradsched", description="Scheduling of gradient communication: simulator and tools.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sim = sub.add_parser("simulate", help="compare scheduling policies in the simulator",
+                         description="Simulate data-parallel training under each policy and compare iteration "
+                                     "times with the bound max(compute, communication).")
+    _add_model_args(sim)
+    sim.add_argument("--profile", help="measured JSON profile to use instead of --model (docs/profile-format.md)")
+    sim.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
+    sim.add_argument("--bandwidth", help="link bandwidth per worker and direction, e.g. 10Gbit (default 10Gbit)")
+    sim.add_argument("--sweep-bandwidth", help="comma list of bandwidths, bare numbers in Gbit/s: 1,2,5,10")
+    sim.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
+    sim.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
+    sim.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
+    sim.add_argument("--policy", default=",".join(POLICIES), help=f"comma list of: {', '.join(POLICIES)}")
+    sim.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
+                     help="change a policy option, e.g. bytescheduler.credit_bytes=8MiB (repeatable; "
+                          "'gradsched models' lists the options)")
+    sim.add_argument("--iterations", type=int, default=30, help="simulated iterations (default 30)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    sim.add_argument("--trace", help="write a Chrome trace (Perfetto, chrome://tracing) of every policy")
+    sim.add_argument("--plot", help="write a PNG: timelines, or speed-up against bandwidth for a sweep")
+
+    prof = sub.add_parser("profile", help="write a built-in model's table as a JSON profile",
+                          description="Write the layer table of a built-in model (FLOP-count estimate) as JSON, "
+                                      "to inspect, edit or replace with measured times.")
+    _add_model_args(prof)
+    prof.add_argument("--out", required=True, help="output JSON file")
+
+    sub.add_parser("models", help="list models, devices, policies and their options")
+    return parser
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _split(text: str) -> list[str]:
+    items = [s.strip() for s in text.split(",")]
+    if not all(items):
+        raise UsageError(f"empty item in list {text!r}")
+    return items
+
+
+def _table(args: argparse.Namespace) -> ModelTable:
+    if getattr(args, "profile", None):
+        if args.model:
+            raise UsageError("use either --model or --profile, not both")
+        return ModelTable.load(args.profile)
+    return model_table(args.model or "resnet50", args.batch, args.device, args.classes, args.seq_len)
+
+
+def _policies(args: argparse.Namespace) -> list[PolicyConfig]:
+    names = _split(args.policy)
+    for name in names:
+        if name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"policy listed twice in {args.policy!r}")
+    overrides: dict[str, dict[str, str]] = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        policy, dot, option = key.partition(".")
+        if not (eq and dot and option):
+            raise UsageError(f"--set {item!r}: write POLICY.OPTION=VALUE, e.g. bytescheduler.credit_bytes=8MiB")
+        if policy not in names:
+            raise UsageError(f"--set {item!r}: policy {policy!r} is not in --policy {args.policy}")
+        overrides.setdefault(policy, {})[option.strip()] = value.strip()
+    return [policy_config(name, **overrides.get(name, {})) for name in names]
+
+
+def _clusters(args: argparse.Namespace) -> list[Cluster]:
+    if args.sweep_bandwidth and args.bandwidth:
+        raise UsageError("use either --bandwidth or --sweep-bandwidth, not both")
+    texts = _split(args.sweep_bandwidth) if args.sweep_bandwidth else [args.bandwidth or "10Gbit"]
+    bandwidths = [parse_bandwidth(t) for t in texts]
+    latency = parse_duration(args.latency)
+    if args.servers and args.arch != "ps":
+        raise UsageError("--servers needs --arch ps")
+    return [Cluster(args.workers, b, latency, args.arch, args.servers) for b in bandwidths]
+
+
+def _writable(path: str | None, flag: str) -> None:
+    if path and not Path(path).resolve().parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    count = [0]
+
+    def show(what: str) -> None:
+        count[0] += 1
+        print(f"\rsimulating {what} ({count[0]})\x1b[K", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+# -- commands ------------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace) -> int:
+    configs = _policies(args)
+    clusters = _clusters(args)
+    if args.trace and len(clusters) > 1:
+        raise UsageError("--trace needs a single bandwidth; drop --sweep-bandwidth or --trace")
+    _writable(args.trace, "--trace")
+    _writable(args.plot, "--plot")
+    table = _table(args)
+    timelines = bool(args.trace or (args.plot and len(clusters) == 1))
+    show = _progress(sys.stderr.isatty() and not args.json)
+    rows = compare(table, clusters, configs, args.iterations, record=timelines, progress=show)
+    if show:
+        print("\r\x1b[K", end="", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows_json(table, rows, args.iterations)))
+    else:
+        print(rows_text(table, rows), end="")
+    results = [row.result for row in rows]
+    if args.trace:
+        from .sim.chrome import sim_trace
+
+        sim_trace(results).save(args.trace)
+        if not args.json:
+            print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    if args.plot:
+        from . import plot
+
+        if len(clusters) == 1:
+            plot.plot_timelines(results, args.plot)
+        else:
+            plot.plot_sweep(rows, args.plot, f"{table.name} · {clusters[0].workers} workers · {clusters[0].arch}")
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    _writable(args.out, "--out")
+    table = _table(args)
+    table.save(args.out)
+    print(f"{table.name}: {len(table.layers)} layers, {table.num_params} parameters, "
+          f"{table.compute_s * 1e3:.1f} ms compute per iteration -> {args.out}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    print("models:")
+    for info in MODELS.values():
+        print(f"  {info.name:<12} {info.description}")
+    print("devices (assumed sustained rates):")
+    for d in DEVICES.values():
+        print(f"  {d.name:<12} {d.tflops:g} TFLOP/s, {d.memory_gbs:g} GB/s, {d.launch_s * 1e6:g} us per layer: {d.note}")
+    print("policies and options (--set POLICY.OPTION=VALUE):")
+    for name, cls in POLICIES.items():
+        options = ", ".join(f"{k}={v}" for k, v in cls().as_dict().items() if k != "policy")
+        print(f"  {name:<14} {options}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler = {"simulate": cmd_simulate, "profile": cmd_profile, "models": cmd_models}[args.command]
+        return handler(args)
+    except (UsageError, ValueError) as exc:
+        print(f"gradsched: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. piped into head
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

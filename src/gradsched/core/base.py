@@ -1,0 +1,149 @@
+"""The three policy axes and the :class:`Policy` that bundles one strategy of each.
+
+A policy is *partitioning* (how a tensor's task is cut into leaves) + *ordering* (which
+ready leaf is most urgent) + *flow control* (when queued leaves start and which of them
+travel together as one message) + whether the next forward pass may cross the iteration
+barrier (wait only for its own layer's update).
+
+Strategies hold no clock and no threads. The engine calls them in response to the events
+it is fed, always passing the current time ``now`` as data, and the same calls happen in
+the simulator and in the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from .task import CommTask, Message, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Scheduler
+
+
+class Partitioner(ABC):
+    """Partitioning axis. ``split`` is called once per tensor when an engine is built."""
+
+    @abstractmethod
+    def split(self, root: CommTask, next_id: int) -> list[CommTask]:
+        """Return the leaves of ``root`` (``[root]`` to keep it whole). New tasks take ids
+        from ``next_id`` upwards."""
+
+
+class Ordering(ABC):
+    """Ordering axis. ``key`` is called when a leaf becomes ready; the ready queue releases
+    the smallest key first. The engine appends a sequence number, so ties go to the leaf
+    that became ready first."""
+
+    @abstractmethod
+    def key(self, task: CommTask) -> tuple:
+        ...
+
+
+class FlowControl(ABC):
+    """Flow-control axis: decides, after every event, which queued leaves start now and how
+    they are grouped into messages. It takes leaves off the queue with ``engine.pop()``.
+
+    Call order per iteration: ``begin_iteration`` once when a backward pass begins, then
+    ``on_ready`` / ``on_finished`` as events arrive, each followed by ``select``.
+    """
+
+    #: iterations this strategy needs before it behaves as in steady state (profiling)
+    warmup_iterations: int = 0
+
+    def setup(self, engine: Scheduler) -> None:
+        """Called once when the engine is built, after the leaves exist."""
+
+    def begin_iteration(self, engine: Scheduler, now: float) -> None:
+        """Called when a new backward pass begins (nothing is in flight then)."""
+
+    def on_ready(self, engine: Scheduler, tensor: TensorSpec, now: float) -> None:
+        """Called after all leaves of ``tensor`` joined the ready queue."""
+
+    def on_finished(self, engine: Scheduler, message: Message, now: float) -> None:
+        """Called after ``message`` finished and its bytes left the in-flight count."""
+
+    @abstractmethod
+    def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
+        """Leaves to start now, grouped into messages, in launch order."""
+
+    @abstractmethod
+    def window(self) -> float:
+        """The most bytes this strategy lets be in flight right now (``inf`` for none).
+        The engine checks every launch against it: a lone message larger than the window
+        is allowed when nothing else is in flight, so a big leaf can never deadlock."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One strategy per axis, ready to drive one engine. Stateful: build one per engine."""
+
+    name: str
+    partitioner: Partitioner
+    ordering: Ordering
+    flow: FlowControl
+    cross_barrier: bool  # next forward of a layer waits only for that layer's update
+
+    @property
+    def warmup_iterations(self) -> int:
+        return self.flow.warmup_iterations
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Base of every policy's frozen, validated configuration.
+
+    Subclasses set ``name`` and implement ``build``; fields ending in ``_bytes`` accept
+    sizes like ``"4MiB"`` through :meth:`with_overrides`.
+    """
+
+    name: ClassVar[str] = ""
+
+    def build(self) -> Policy:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.name, **dataclasses.asdict(self)}
+
+    def with_overrides(self, **values: Any) -> PolicyConfig:
+        """A copy with some fields replaced; strings are parsed by the field's type."""
+        from ..units import parse_bytes
+
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        parsed = {}
+        for key, value in values.items():
+            if key not in fields:
+                raise ValueError(
+                    f"policy {self.name!r} has no option {key!r}; options: {', '.join(sorted(fields))}"
+                )
+            parsed[key] = _parse_field(key, getattr(self, key), value, parse_bytes)
+        return dataclasses.replace(self, **parsed)
+
+
+def _parse_field(key: str, current: Any, value: Any, parse_bytes: Callable[[str], int]) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        if key.endswith("_bytes"):
+            return parse_bytes(value)
+        if isinstance(current, bool):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+    except ValueError:
+        raise ValueError(f"option {key}: cannot read {value!r} as {type(current).__name__}") from None
+    return value
+
+
+def require(condition: bool, message: str) -> None:
+    """Config validation helper: raise ValueError(message) unless condition holds."""
+    if not condition:
+        raise ValueError(message)

@@ -1,0 +1,190 @@
+"""The scheduler engine: a deterministic state machine fed with events.
+
+One engine drives one worker's gradient communication. The caller (the simulator's event
+loop, or the runtime's hooks and completion callbacks) reports what happened, with the
+time it happened, and the engine answers with the messages to launch now and the tensors
+whose communication is complete. It reads no clock and starts no thread.
+
+>>> from gradsched.core import Scheduler, TensorSpec, policy_config
+>>> tensors = [TensorSpec("w0", 100, layer=0, priority=0), TensorSpec("w1", 100, layer=1, priority=1)]
+>>> engine = Scheduler(tensors, policy_config("priority").build())
+>>> engine.begin_iteration(now=0.0)
+>>> [m.names for m in engine.on_ready("w1", now=1.0).start]
+[['w1']]
+>>> engine.on_ready("w0", now=2.0).start   # one partition in flight: w0 waits
+[]
+>>> d = engine.on_finished(engine.in_flight[0], now=3.0)
+>>> d.done, [m.names for m in d.start]
+(['w1'], [['w0']])
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .base import Policy
+from .estimator import LinkEstimator
+from .task import CommTask, Message, TaskState, TensorSpec
+
+
+class SchedulerError(RuntimeError):
+    """The engine was fed an impossible event sequence (e.g. a tensor ready twice)."""
+
+
+@dataclass
+class Decision:
+    """The engine's answer to one event."""
+
+    start: list[Message] = field(default_factory=list)  # launch these now, in this order
+    done: list[str] = field(default_factory=list)  # tensors whose communication completed
+
+
+class Scheduler:
+    """Schedules the communication of a fixed set of gradient tensors under one policy.
+
+    Protocol, per iteration: ``begin_iteration(now)`` when the backward pass begins, then
+    ``on_ready(tensor, now)`` as each gradient is computed and ``on_finished(message, now)``
+    as each launched message completes. Every call returns a :class:`Decision`.
+    All communication of an iteration must finish before the next one begins.
+    """
+
+    def __init__(self, tensors: Sequence[TensorSpec], policy: Policy) -> None:
+        names = [t.name for t in tensors]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate tensor names: {dup}")
+        if not tensors:
+            raise ValueError("a scheduler needs at least one tensor")
+        self.policy = policy
+        self.tensors: dict[str, TensorSpec] = {t.name: t for t in tensors}
+        self.estimator = LinkEstimator()
+        self.roots: dict[str, CommTask] = {}
+        self.leaves: dict[str, list[CommTask]] = {}
+        next_id = 0
+        for spec in tensors:
+            root = CommTask(next_id, spec)
+            leaves = policy.partitioner.split(root, next_id + 1)
+            next_id += 1 + (len(leaves) if leaves[0] is not root else 0)
+            self.roots[spec.name] = root
+            self.leaves[spec.name] = leaves
+        self.n_leaves = sum(len(v) for v in self.leaves.values())
+        self._key = policy.ordering.key
+        self._queue: list[tuple[tuple, int, CommTask]] = []
+        self._seq = 0
+        self._next_message = 0
+        self._in_flight: dict[int, Message] = {}
+        self.in_flight_bytes = 0
+        self.iteration = -1
+        self.ready_leaves = 0
+        self.finished_leaves = 0
+        self._last_finish = -math.inf
+        policy.flow.setup(self)
+
+    # -- read-only view used by flow-control strategies ---------------------------------
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def in_flight(self) -> list[Message]:
+        """Messages launched and not yet finished, in launch order."""
+        return list(self._in_flight.values())
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def backward_done(self) -> bool:
+        """Every leaf of this iteration has become ready."""
+        return self.ready_leaves == self.n_leaves
+
+    @property
+    def iteration_done(self) -> bool:
+        return self.finished_leaves == self.n_leaves
+
+    def peek(self) -> CommTask | None:
+        return self._queue[0][2] if self._queue else None
+
+    def pop(self) -> CommTask:
+        return heapq.heappop(self._queue)[2]
+
+    def requeue(self, tasks: list[CommTask]) -> None:
+        """Put popped, unstarted leaves back in the queue at their places."""
+        for task in tasks:
+            if task.state != TaskState.READY:
+                raise SchedulerError(f"cannot requeue {task.name} in state {task.state.name}")
+            self._seq += 1
+            heapq.heappush(self._queue, (self._key(task), self._seq, task))
+
+    # -- events --------------------------------------------------------------------------
+    def begin_iteration(self, now: float) -> None:
+        if self.iteration >= 0 and not self.iteration_done:
+            raise SchedulerError(
+                f"iteration {self.iteration + 1} began while {self.n_leaves - self.finished_leaves} "
+                f"leaves of iteration {self.iteration} are unfinished"
+            )
+        self.iteration += 1
+        self.ready_leaves = 0
+        self.finished_leaves = 0
+        for root in self.roots.values():
+            root.reset()
+        self.policy.flow.begin_iteration(self, now)
+
+    def on_ready(self, name: str, now: float) -> Decision:
+        if self.iteration < 0:
+            raise SchedulerError("on_ready before begin_iteration")
+        root = self.roots.get(name)
+        if root is None:
+            raise SchedulerError(f"unknown tensor {name!r}")
+        if root.state != TaskState.PENDING:
+            raise SchedulerError(f"tensor {name!r} became ready twice in iteration {self.iteration}")
+        root.notify_ready()
+        for leaf in self.leaves[name]:
+            self._seq += 1
+            heapq.heappush(self._queue, (self._key(leaf), self._seq, leaf))
+        self.ready_leaves += len(self.leaves[name])
+        self.policy.flow.on_ready(self, root.tensor, now)
+        return Decision(start=self._launch(now))
+
+    def on_finished(self, message: Message, now: float) -> Decision:
+        if self._in_flight.pop(message.id, None) is None:
+            raise SchedulerError(f"message {message.id} is not in flight")
+        isolated = message.isolated or self._last_finish < message.launched_at
+        duration = now - max(message.launched_at, self._last_finish)
+        self.estimator.observe(message.nbytes, max(duration, 0.0), isolated)
+        self._last_finish = now
+        self.in_flight_bytes -= message.nbytes
+        done = []
+        for leaf in message.tasks:
+            root = leaf.notify_finish()
+            if root is not None:
+                done.append(root.tensor.name)
+        self.finished_leaves += len(message.tasks)
+        self.policy.flow.on_finished(self, message, now)
+        return Decision(start=self._launch(now), done=done)
+
+    # -- internals -----------------------------------------------------------------------
+    def _launch(self, now: float) -> list[Message]:
+        groups = self.policy.flow.select(self, now)
+        messages = []
+        for group in groups:
+            if not group:
+                raise SchedulerError(f"{self.policy.name}: selected an empty message")
+            idle = not self._in_flight
+            for task in group:
+                task.start()
+            message = Message(self._next_message, tuple(group), self.iteration, now, idle)
+            self._next_message += 1
+            self._in_flight[message.id] = message
+            self.in_flight_bytes += message.nbytes
+            if not idle and self.in_flight_bytes > self.policy.flow.window():
+                raise SchedulerError(
+                    f"{self.policy.name}: {self.in_flight_bytes} bytes in flight exceed its window "
+                    f"of {self.policy.flow.window():.0f}"
+                )
+            messages.append(message)
+        return messages

@@ -1,0 +1,101 @@
+"""Online estimate of the link from finished messages.
+
+Each finished message is one sample, of one of two kinds:
+
+* *queued*: launched while another message was in flight. It finished
+  ``per_message + bytes * seconds_per_byte`` after its predecessor: the link's throughput
+  plus any per-message cost that pipelining does not hide;
+* *isolated*: launched onto an idle link. It took ``latency + bytes * isolated_per_byte``
+  from launch to finish. (For ring all-reduce ``isolated_per_byte`` equals
+  ``seconds_per_byte``; for push-then-pull it is about twice that, as push and pull
+  overlap only between messages.)
+
+Both kinds are fitted by weighted least squares with exponential forgetting, so the
+estimate follows a drifting link. Sizes are bytes of gradient payload, so
+``seconds_per_byte`` already contains the architecture's factor (2(n-1)/n for ring
+all-reduce) and callers never need to know it.
+
+>>> est = LinkEstimator()
+>>> for size in (1000, 4000, 2000):
+...     est.observe(size, 1e-4 + size * 1e-6, isolated=True)
+...     est.observe(size, size * 1e-6, isolated=False)
+>>> round(est.latency, 9), round(est.seconds_per_byte, 12), round(est.per_message, 9)
+(0.0001, 1e-06, 0.0)
+"""
+
+from __future__ import annotations
+
+
+class _LineFit:
+    """Weighted least squares of d = a + b * x with forgetting factor ``decay``.
+
+    With too little spread in x to separate the two, ``a`` falls back to 0 (queued
+    samples) or the slope to ``fallback_slope`` (isolated samples)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.w = self.x = self.xx = self.d = self.xd = 0.0
+        self.n = 0
+
+    def add(self, x: float, d: float) -> None:
+        k = self.decay
+        self.w = k * self.w + 1.0
+        self.x = k * self.x + x
+        self.xx = k * self.xx + x * x
+        self.d = k * self.d + d
+        self.xd = k * self.xd + x * d
+        self.n += 1
+
+    def solve(self, fallback_slope: float | None = None) -> tuple[float, float]:
+        """(intercept, slope), both >= 0."""
+        if self.n == 0:
+            return 0.0, 0.0
+        var = self.w * self.xx - self.x * self.x
+        if var > 1e-6 * self.w * self.xx:
+            slope = (self.w * self.xd - self.x * self.d) / var
+            intercept = (self.d - slope * self.x) / self.w
+            if slope >= 0.0 and intercept >= 0.0:
+                return intercept, slope
+        if fallback_slope is None:  # through the origin
+            return 0.0, (self.xd / self.xx if self.xx > 0 else 0.0)
+        return max(0.0, (self.d - fallback_slope * self.x) / self.w), fallback_slope
+
+
+class LinkEstimator:
+    def __init__(self, decay: float = 0.98) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self._queued = _LineFit(decay)
+        self._isolated = _LineFit(decay)
+        self.per_message = 0.0  # serial cost per message in a pipelined stream
+        self.seconds_per_byte = 0.0  # inverse throughput of a pipelined stream
+        self.latency = 0.0  # fixed part of a message on an idle link
+        self.isolated_per_byte = 0.0
+
+    @property
+    def samples(self) -> int:
+        return self._queued.n + self._isolated.n
+
+    @property
+    def ready(self) -> bool:
+        """At least one message has been observed."""
+        return self.samples > 0
+
+    @property
+    def bytes_per_second(self) -> float:
+        return 1.0 / self.seconds_per_byte if self.seconds_per_byte > 0.0 else float("inf")
+
+    def transfer_time(self, nbytes: float, messages: int = 1) -> float:
+        """Link time that ``messages`` messages of ``nbytes`` in all occupy in a stream."""
+        return messages * self.per_message + nbytes * self.seconds_per_byte
+
+    def observe(self, nbytes: int, duration: float, isolated: bool) -> None:
+        if nbytes <= 0 or duration < 0.0:
+            return
+        (self._isolated if isolated else self._queued).add(float(nbytes), duration)
+        if self._queued.n:
+            self.per_message, self.seconds_per_byte = self._queued.solve()
+            self.latency, self.isolated_per_byte = self._isolated.solve(fallback_slope=self.seconds_per_byte)
+        else:  # only isolated messages so far: the best guess of throughput is theirs
+            self.latency, self.isolated_per_byte = self._isolated.solve()
+            self.per_message, self.seconds_per_byte = 0.0, self.isolated_per_byte

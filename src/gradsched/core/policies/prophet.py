@@ -1,0 +1,164 @@
+"""``prophet``: blocks sized to the predicted compute gaps (Prophet, ICPP'21), improved.
+
+Gradient ready times come in stable bursts (stages). The first ``profile_iterations``
+iterations run like ByteScheduler while the ready time of every tensor is recorded; then
+the stages are detected once (see :mod:`gradsched.core.stages`). From then on:
+
+* while a stage is still arriving, nothing new is launched;
+* when stage k is complete, one *block* is launched: pending slices in priority order,
+  also smaller ones further down that still fit, while their predicted transfer time fits before the next
+  decision *minus the time still needed by the bytes already in flight* (the original
+  ignored these);
+* once backward has ended, the rest drains in priority order under a credit window.
+
+Where the original only acts when a stage completes and fills only the gap after it, the
+default ``horizon="stage"`` is work-conserving: at EVERY event it fills the link with
+pending slices up to the predicted completion of the stage now arriving (from the profile),
+so the link is busy through gaps and arrivals alike yet free when that stage is complete.
+``horizon="gap"`` keeps the original rule.
+
+Beyond the original: the link estimate (latency and bandwidth) is measured online from
+completed messages and every block is sized with the current estimate, so a drifting link
+re-plans itself; consecutive slices of a block are fused into messages of up to
+``fuse_bytes``, so blocks double as fusion buckets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from ..base import FlowControl, Policy, PolicyConfig, require
+from ..credit import CreditWindow, take_in_order
+from ..ordering import ByPriority
+from ..partitioning import FixedSize
+from ..stages import ReadyProfile, StagePlan, detect_stages
+from ..task import CommTask, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine import Scheduler
+
+MiB = 1 << 20
+_SKIP = 16  # leaves a block may pass over to fill its budget with smaller ones
+
+
+class StageBlocks(FlowControl):
+    """Stage-aware flow control; see the module docstring."""
+
+    def __init__(
+        self, credit_bytes: int, fuse_bytes: int, stage_factor: float, profile_iterations: int, horizon: str
+    ) -> None:
+        self.tail = CreditWindow(credit_bytes, fuse_bytes)
+        self.fuse_bytes = fuse_bytes
+        self.stage_factor = stage_factor
+        self.horizon = horizon
+        self.warmup_iterations = profile_iterations
+        self.profile = ReadyProfile()
+        self.plan: StagePlan | None = None
+        self.blocks: list[tuple[int, int, int]] = []  # (iteration, stage, bytes) of every block
+        self._block_window = 0
+        self._idle_at = 0.0  # when the link is predicted to have sent all we launched
+
+    def setup(self, engine: Scheduler) -> None:
+        self._smallest = min(leaf.nbytes for leaves in engine.leaves.values() for leaf in leaves)
+
+    def begin_iteration(self, engine: Scheduler, now: float) -> None:
+        if self.plan is None and self.profile.iterations >= self.warmup_iterations:
+            self.plan = detect_stages(self.profile.median_times(), self.stage_factor)
+        self._block_window = 0
+        self._origin = now
+        if self.plan is None:
+            self.profile.begin_iteration(now)
+            return
+        self._remaining = [len(stage.tensors) for stage in self.plan.stages]
+        self._next_stage = 0  # first stage not complete
+        self._closed: int | None = None  # stage just completed, not yet answered
+
+    def on_ready(self, engine: Scheduler, tensor: TensorSpec, now: float) -> None:
+        if self.plan is None:
+            self.profile.record(tensor.name, now)
+            return
+        self._remaining[self.plan.stage_of[tensor.name]] -= 1
+        # Stages complete in order even if a later one's tensor arrives early.
+        while self._next_stage < len(self._remaining) and self._remaining[self._next_stage] == 0:
+            self._closed = self._next_stage
+            self._next_stage += 1
+
+    def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
+        estimate = engine.estimator
+        if engine.in_flight_count == 0:  # nothing in flight: the link is idle, whatever we predicted
+            self._idle_at = min(self._idle_at, now)
+        if self.plan is None or engine.backward_done or not estimate.ready:
+            groups = self.tail.select(engine, now)
+        else:
+            groups = self._block(engine, now)
+        if groups:
+            sent = sum(t.nbytes for group in groups for t in group)
+            self._idle_at = max(now, self._idle_at) + estimate.transfer_time(sent, len(groups))
+        return groups
+
+    def _block(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
+        stages = self.plan.stages
+        if self.horizon == "gap":  # the original: act at stage completion, fill the gap only
+            if self._closed is None:
+                return []
+            deadline = self._origin + stages[self._closed + 1].start
+        else:  # at every event, fill the link until the stage now arriving is complete
+            deadline = self._origin + stages[self._next_stage].end
+        stage, self._closed = self._next_stage - 1, None
+        estimate = engine.estimator
+        # What is in flight still needs the link: at most all its bytes, and no longer than
+        # our own prediction of when it is through (the bytes may be mostly sent already).
+        busy = min(estimate.transfer_time(engine.in_flight_bytes, 0), max(0.0, self._idle_at - now))
+        budget = deadline - now - busy
+        if budget < estimate.transfer_time(self._smallest, 1):
+            return []
+        # Skipping is safe here: the block is through before anything more urgent is ready.
+        groups = take_in_order(
+            engine,
+            lambda total, messages: estimate.transfer_time(total, messages) <= budget,
+            self.fuse_bytes,
+            skip=_SKIP,
+        )
+        block = sum(t.nbytes for group in groups for t in group)
+        if block:
+            self.blocks.append((engine.iteration, stage, block))
+        self._block_window = engine.in_flight_bytes + block
+        return groups
+
+    def window(self) -> float:
+        return float(max(self.tail.credit_bytes, self._block_window))
+
+
+@dataclass(frozen=True)
+class ProphetConfig(PolicyConfig):
+    """Stage-aware blocks in the compute gaps, credit-limited tail."""
+
+    name: ClassVar[str] = "prophet"
+    partition_bytes: int = MiB // 4  # slice size: how finely a block can fill its budget
+    credit_bytes: int = 16 * MiB  # window for the tail after backward ends
+    fuse_bytes: int = 2 * MiB  # consecutive slices travel as one message up to this size
+    stage_factor: float = 2.0  # a gap > factor x mean inter-arrival gap closes a stage
+    profile_iterations: int = 2  # iterations profiled (ByteScheduler-like) before planning
+    horizon: str = "stage"  # "stage": fill until the arriving stage completes; "gap": the original rule
+
+    def __post_init__(self) -> None:
+        require(self.partition_bytes >= 1, f"prophet: partition_bytes must be >= 1, got {self.partition_bytes}")
+        require(
+            self.credit_bytes >= self.partition_bytes,
+            f"prophet: credit_bytes ({self.credit_bytes}) must be >= partition_bytes ({self.partition_bytes})",
+        )
+        require(self.fuse_bytes >= 0, f"prophet: fuse_bytes must be >= 0, got {self.fuse_bytes}")
+        require(self.stage_factor > 0, f"prophet: stage_factor must be > 0, got {self.stage_factor}")
+        require(
+            self.profile_iterations >= 1, f"prophet: profile_iterations must be >= 1, got {self.profile_iterations}"
+        )
+        require(
+            self.horizon in ("gap", "stage"), f"prophet: horizon must be 'gap' or 'stage', got {self.horizon!r}"
+        )
+
+    def build(self) -> Policy:
+        flow = StageBlocks(
+            self.credit_bytes, self.fuse_bytes, self.stage_factor, self.profile_iterations, self.horizon
+        )
+        return Policy(self.name, FixedSize(self.partition_bytes), ByPriority(), flow, cross_barrier=True)

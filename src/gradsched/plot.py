@@ -1,0 +1,69 @@
+"""PNG plots of simulated runs (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .sim.compare import Row  # noqa: E402
+from .sim.simulator import SimResult  # noqa: E402
+
+_PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452"}
+
+
+def plot_timelines(results: Sequence[SimResult], path: str | Path, iterations: int = 2) -> None:
+    """The last ``iterations`` steady-state iterations of each result: compute on one row,
+    each link direction on its own row, every message a bar (needs recorded results)."""
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, 1.6 + 1.3 * len(results)), squeeze=False)
+    for ax, result in zip(axes[:, 0], results):
+        starts = result.iteration_starts
+        lo, hi = starts[max(result.warmup, len(starts) - 1 - iterations)], starts[-1]
+        rows = ["compute"] + sorted({seg.lane for rec in result.messages for seg in rec.segments})
+        for phase, colour in _PHASE_COLOURS.items():
+            bars = [(r.start - lo, r.end - r.start) for r in result.compute
+                    if r.phase == phase and r.end > lo and r.start < hi]
+            ax.broken_barh([(s * 1e3, d * 1e3) for s, d in bars], (0.6, 0.8), facecolors=colour, label=phase)
+        for row, lane in enumerate(rows[1:], start=1):
+            bars = [(seg.start - lo, seg.end - seg.start) for rec in result.messages for seg in rec.segments
+                    if seg.lane == lane and seg.end > lo and seg.start < hi]
+            ax.broken_barh([(s * 1e3, d * 1e3) for s, d in bars], (row + 0.6, 0.8), facecolors="#55A868",
+                           edgecolor="white", linewidth=0.3)
+        ax.set_yticks([i + 1 for i in range(len(rows))], rows)
+        ax.set_xlim(0, (hi - lo) * 1e3)
+        ax.set_title(f"{result.policy}: {result.iteration_s * 1e3:.1f} ms/iteration, "
+                     f"{result.ratio_to_bound:.2f}x the bound", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("time (ms)")
+    axes[0, 0].legend(loc="upper right", fontsize=7)
+    first = results[0]
+    fig.suptitle(f"{first.model} · {first.cluster.describe()}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(rows: Sequence[Row], path: str | Path, title: str) -> None:
+    """Speed-up over fifo and ratio to the bound against bandwidth, one line per policy."""
+    policies = list(dict.fromkeys(row.policy for row in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in policies:
+        mine = sorted((r for r in rows if r.policy == policy), key=lambda r: r.bandwidth_gbps)
+        x = [r.bandwidth_gbps for r in mine]
+        left.plot(x, [r.speedup_vs_fifo for r in mine], marker="o", label=policy)
+        right.plot(x, [r.result.ratio_to_bound for r in mine], marker="o", label=policy)
+    for ax, label in ((left, "speed-up over fifo (x)"), (right, "iteration time / bound")):
+        ax.set_xscale("log")
+        ax.set_xlabel("link bandwidth (Gbit/s)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    right.axhline(1.0, color="black", linewidth=0.8)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,72 @@
+"""The simulated cluster and the physical limit (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..units import format_bandwidth, format_duration
+
+ARCHITECTURES = ("allreduce", "ps")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Identical workers, each with one full-duplex link of ``bandwidth_bps`` per direction.
+
+    ``ps`` adds ``servers`` parameter servers (default: as many as workers) with links of the
+    same bandwidth, the load spread evenly over them.
+    """
+
+    workers: int = 16
+    bandwidth_bps: float = 10e9  # bits per second, each direction
+    latency_s: float = 50e-6  # per message
+    arch: str = "allreduce"
+    servers: int = 0  # ps only; 0 = as many as workers
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be a whole number >= 1, got {self.workers!r}")
+        if not self.bandwidth_bps > 0:
+            raise ValueError(f"bandwidth must be > 0, got {self.bandwidth_bps!r} bit/s")
+        if not self.latency_s >= 0:
+            raise ValueError(f"latency must be >= 0, got {self.latency_s!r} s")
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {self.arch!r}; choose from: {', '.join(ARCHITECTURES)}")
+        if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 0:
+            raise ValueError(f"servers must be a whole number >= 0 (0 = one per worker), got {self.servers!r}")
+        if self.arch == "allreduce" and self.servers:
+            raise ValueError("servers only apply to --arch ps")
+
+    @property
+    def num_servers(self) -> int:
+        return self.servers or self.workers
+
+    @property
+    def seconds_per_byte(self) -> float:
+        """Wire time per byte of gradient payload on the busiest link direction.
+
+        Ring all-reduce: each worker sends (and receives) 2(n-1)/n of the payload.
+        PS: each worker pushes and pulls the payload once; each server link carries
+        n/S of a worker's share, so servers are the bottleneck when S < n.
+        """
+        per_byte = 8.0 / self.bandwidth_bps
+        n = self.workers
+        if self.arch == "allreduce":
+            return per_byte * 2.0 * (n - 1) / n
+        return per_byte * max(1.0, n / self.num_servers)
+
+    def comm_time(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` of gradients once at link speed (no latency)."""
+        return nbytes * self.seconds_per_byte
+
+    def describe(self) -> str:
+        arch = self.arch if self.arch == "allreduce" else f"ps ({self.num_servers} servers)"
+        return (
+            f"{self.workers} workers · {arch} · {format_bandwidth(self.bandwidth_bps)} · "
+            f"latency {format_duration(self.latency_s)}"
+        )
+
+
+def bound(compute_s: float, comm_s: float) -> float:
+    """No schedule beats max(T_compute, T_comm) per iteration."""
+    return max(compute_s, comm_s)

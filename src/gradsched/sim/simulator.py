@@ -1,0 +1,268 @@
+"""Discrete-event simulation of data-parallel training under a scheduling policy.
+
+The simulator feeds the SAME :class:`~gradsched.core.Scheduler` and policy objects the
+runtime uses, from a heap of timed events instead of autograd hooks:
+
+* forward of layer i in iteration k starts when layer i-1's forward ended and, for
+  iterations after the first, when the parameters it needs are updated: its own layer's
+  tensors for policies that cross the iteration barrier, ALL tensors otherwise (fifo);
+* backward runs layers in reverse; when layer i's backward ends its gradients become
+  ready (one ``on_ready`` per tensor, in reverse parameter order, as autograd does);
+* the next forward starts after the backward ends; parameter updates take no time;
+* messages the engine launches go to the network model (:mod:`gradsched.sim.network`)
+  and come back as ``on_finished`` when they complete.
+
+>>> from gradsched.models.table import Layer, ModelTable, ParamSpec
+>>> from gradsched.core.policies import FifoConfig
+>>> model = ModelTable("tiny", tuple(
+...     Layer(f"l{i}", 1.0, 1.0, (ParamSpec(f"w{i}", 750),)) for i in range(3)))
+>>> cluster = Cluster(workers=2, bandwidth_bps=8000.0, latency_s=0.0)  # 3 s per gradient
+>>> one_per_bucket = FifoConfig(bucket_cap_bytes=1, first_bucket_bytes=1)
+>>> simulate(model, cluster, one_per_bucket, iterations=5).iteration_s
+13.0
+>>> r = simulate(model, cluster, "priority", iterations=5)
+>>> r.iteration_s, r.bound_s, r.iteration_starts
+(12.0, 9.0, [0.0, 10.0, 22.0, 34.0, 46.0])
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import Scheduler, policy_config
+from ..core.base import PolicyConfig
+from ..core.task import Message
+from ..models.table import ModelTable
+from .cluster import Cluster, bound
+from .network import Segment, make_network
+
+# Event kinds, in the order simultaneous events are processed.
+_COMPLETE, _READY, _FORWARD, _BACKWARD = range(4)
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    id: int
+    iteration: int
+    names: tuple[str, ...]
+    nbytes: int
+    launched: float
+    segments: tuple[Segment, ...]
+    completed: float
+
+
+@dataclass(frozen=True)
+class ComputeRecord:
+    iteration: int
+    layer: str
+    phase: str  # "forward" or "backward"
+    start: float
+    end: float
+
+
+@dataclass
+class SimResult:
+    """Outcome of one simulation. Times in seconds."""
+
+    model: str
+    policy: str
+    config: dict[str, Any]
+    cluster: Cluster
+    iterations: int
+    warmup: int  # leading iteration periods left out of the steady-state figures
+    iteration_s: float  # steady-state time per iteration
+    compute_s: float  # forward + backward of one worker
+    comm_s: float  # all gradient bytes once at link speed
+    link_utilisation: float  # busiest lane's busy fraction over the steady-state window
+    iteration_starts: list[float]  # forward start of layer 0, per iteration
+    log: list[tuple] = field(repr=False)  # (time, event, iteration, subject) in processing order
+    messages: list[MessageRecord] = field(repr=False)  # every message, in completion order
+    compute: list[ComputeRecord] = field(repr=False)  # empty unless recorded
+
+    @property
+    def bound_s(self) -> float:
+        return bound(self.compute_s, self.comm_s)
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.iteration_s / self.bound_s if self.bound_s > 0 else float("nan")
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """The steady-state window the figures are measured over."""
+        return self.iteration_starts[self.warmup], self.iteration_starts[-1]
+
+
+def simulate(
+    model: ModelTable,
+    cluster: Cluster,
+    policy: PolicyConfig | str,
+    iterations: int = 30,
+    record: bool = True,
+) -> SimResult:
+    """Simulate ``iterations`` training iterations; see the module docstring."""
+    config = policy_config(policy) if isinstance(policy, str) else policy
+    return _Run(model, cluster, config, iterations, record).run()
+
+
+class _Run:
+    def __init__(self, model: ModelTable, cluster: Cluster, config: PolicyConfig, iterations: int, record: bool):
+        self.model = model
+        self.cluster = cluster
+        self.config = config
+        self.policy = config.build()
+        self.warmup = max(1, self.policy.warmup_iterations)
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < self.warmup + 2:
+            raise ValueError(
+                f"iterations must be >= {self.warmup + 2} for policy {config.name!r} "
+                f"({self.warmup} warm-up), got {iterations!r}"
+            )
+        self.iterations = iterations
+        self.record = record
+        tensors = model.tensors()
+        self.engine = Scheduler(tensors, self.policy)
+        self.network = make_network(cluster)
+        self.layers = model.layers
+        self.layer_of = {t.name: t.layer for t in tensors}
+        self.layer_size = [len(layer.params) for layer in self.layers]
+        # reverse parameter order within a layer, as autograd accumulates them
+        self.ready_order = [tuple(p.name for p in reversed(layer.params)) for layer in self.layers]
+        self.n_tensors = len(tensors)
+        # tensors of the latest iteration whose communication is not finished
+        self.pending = [0] * len(self.layers)
+        self.pending_total = 0
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.iteration = 0  # iteration whose forward runs or is next
+        self.next_layer = 0  # next layer to run forward
+        self.cursor = 0.0  # when the forward chain is free again
+        self.starts: list[float] = []
+        self.log: list[tuple] = []
+        self.messages: list[MessageRecord] = []
+        self.compute: list[ComputeRecord] = []
+        self.launched: dict[int, tuple[Message, Any]] = {}
+
+    # -- event heap ----------------------------------------------------------------------
+    def push(self, time: float, kind: int, payload: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (time, kind, self.seq, payload))
+
+    def run(self) -> SimResult:
+        self.advance_forward(0.0)
+        heap = self.heap
+        while heap:
+            now, kind, _, payload = heapq.heappop(heap)
+            if kind == _COMPLETE:
+                self.on_complete(payload, now)
+            elif kind == _READY:
+                for name in self.ready_order[payload]:
+                    if self.record:
+                        self.log.append((now, "ready", self.engine.iteration, name))
+                    self.launch(self.engine.on_ready(name, now).start, now)
+            elif kind == _FORWARD:
+                self.iteration += 1
+                if self.iteration < self.iterations:
+                    self.next_layer = 0
+                    self.cursor = now
+                    self.advance_forward(now)
+            else:
+                self.on_backward(now)
+        return self.result()
+
+    # -- compute -------------------------------------------------------------------------
+    def deps_done(self, layer: int) -> bool:
+        if self.policy.cross_barrier:
+            return self.pending[layer] == 0
+        return self.pending_total == 0
+
+    def advance_forward(self, now: float) -> None:
+        """Run forward layers ahead in time while their parameters are ready. A layer whose
+        update is still in flight blocks the chain until a completion resumes it."""
+        layers = self.layers
+        while self.next_layer < len(layers):
+            i = self.next_layer
+            if not self.deps_done(i):
+                return
+            start = max(self.cursor, now)
+            if i == 0:
+                self.starts.append(start)
+                if self.record:
+                    self.log.append((start, "forward", self.iteration, layers[0].name))
+            self.cursor = start + layers[i].forward_s
+            if self.record:
+                self.compute.append(ComputeRecord(self.iteration, layers[i].name, "forward", start, self.cursor))
+            self.next_layer += 1
+        self.push(self.cursor, _BACKWARD)
+        self.next_layer += 1  # past the end: nothing left to resume
+
+    def on_backward(self, now: float) -> None:
+        self.engine.begin_iteration(now)
+        if self.record:
+            self.log.append((now, "backward", self.iteration, None))
+        self.pending = list(self.layer_size)
+        self.pending_total = self.n_tensors
+        t = now
+        for i in range(len(self.layers) - 1, -1, -1):
+            end = t + self.layers[i].backward_s
+            if self.record:
+                self.compute.append(ComputeRecord(self.iteration, self.layers[i].name, "backward", t, end))
+            if self.layer_size[i]:
+                self.push(end, _READY, i)
+            t = end
+        self.push(t, _FORWARD)
+
+    # -- communication ---------------------------------------------------------------------
+    def launch(self, messages: list[Message], now: float) -> None:
+        for message in messages:
+            transfer = self.network.submit(message.nbytes, now)
+            self.launched[message.id] = (message, transfer)
+            if self.record:
+                self.log.append((now, "launch", message.iteration, tuple(message.names)))
+            self.push(transfer.complete, _COMPLETE, message.id)
+
+    def on_complete(self, message_id: int, now: float) -> None:
+        message, transfer = self.launched.pop(message_id)
+        names = tuple(message.names)
+        if self.record:
+            self.log.append((now, "done", message.iteration, names))
+        self.messages.append(
+            MessageRecord(
+                message.id, message.iteration, names, message.nbytes, message.launched_at, transfer.segments, now
+            )
+        )
+        decision = self.engine.on_finished(message, now)
+        for name in decision.done:
+            self.pending[self.layer_of[name]] -= 1
+        self.pending_total -= len(decision.done)
+        self.launch(decision.start, now)
+        if self.next_layer < len(self.layers):
+            self.advance_forward(now)
+
+    # -- figures -------------------------------------------------------------------------
+    def result(self) -> SimResult:
+        starts = self.starts
+        lo, hi = starts[self.warmup], starts[-1]
+        periods = len(starts) - 1 - self.warmup
+        busy = {lane: 0.0 for lane in self.network.lanes}
+        for record in self.messages:
+            for seg in record.segments:
+                busy[seg.lane] += max(0.0, min(seg.end, hi) - max(seg.start, lo))
+        utilisation = max(busy.values()) / (hi - lo) if hi > lo else float("nan")
+        return SimResult(
+            model=self.model.name,
+            policy=self.config.name,
+            config=self.config.as_dict(),
+            cluster=self.cluster,
+            iterations=self.iterations,
+            warmup=self.warmup,
+            iteration_s=(hi - lo) / periods,
+            compute_s=self.model.compute_s,
+            comm_s=self.cluster.comm_time(self.model.gradient_bytes),
+            link_utilisation=utilisation,
+            iteration_starts=starts,
+            log=self.log,
+            messages=self.messages,
+            compute=self.compute,
+        )
