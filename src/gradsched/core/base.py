@@ -125,9 +125,12 @@ class PolicyConfig:
 def _parse_field(key: str, current: Any, value: Any, parse_bytes: Callable[[str], int]) -> Any:
     if not isinstance(value, str):
         return value
-    try:
-        if key.endswith("_bytes"):
+    if key.endswith("_bytes"):
+        try:
             return parse_bytes(value)
+        except ValueError as exc:
+            raise ValueError(f"option {key}: {exc}") from None
+    try:
         if isinstance(current, bool):
             if value.lower() in ("1", "true", "yes", "on"):
                 return True

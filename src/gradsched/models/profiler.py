@@ -91,11 +91,12 @@ def profile_model(
     bandwidth = device.memory_gbs * 1e9
     owned: set[int] = set()
     layers: list[list] = []  # [name, forward_s, backward_s, params]
-    counted = 0.0
+    counted = backward_flops = 0.0
     for module, args, io in calls:
         fqn = names[module]
         f_flops, b_flops = call_flops(module, args)
         counted += f_flops
+        backward_flops += b_flops
         new_params = []
         for pname, p in module.named_parameters(recurse=False):
             if id(p) not in owned:
@@ -118,5 +119,11 @@ def profile_model(
             "and are not in the table",
             stacklevel=2,
         )
-    info = {"source": "flop-count", "device": device.name, "forward_flops": counted, **(meta or {})}
+    info = {
+        "source": "flop-count",
+        "device": device.name,
+        "forward_flops": counted,
+        "backward_flops": backward_flops,
+        **(meta or {}),
+    }
     return ModelTable(name, tuple(Layer(n, f, b, tuple(ps)) for n, f, b, ps in layers), info)

@@ -77,6 +77,7 @@ class SimResult:
     comm_s: float  # all gradient bytes once at link speed
     link_utilisation: float  # busiest lane's busy fraction over the steady-state window
     iteration_starts: list[float]  # forward start of layer 0, per iteration
+    backward_starts: list[float]  # per iteration; steady-state figures are measured between these
     log: list[tuple] = field(repr=False)  # (time, event, iteration, subject) in processing order
     messages: list[MessageRecord] = field(repr=False)  # every message, in completion order
     compute: list[ComputeRecord] = field(repr=False)  # empty unless recorded
@@ -91,8 +92,13 @@ class SimResult:
 
     @property
     def window(self) -> tuple[float, float]:
-        """The steady-state window the figures are measured over."""
-        return self.iteration_starts[self.warmup], self.iteration_starts[-1]
+        """The steady-state window the figures are measured over: from the start of backward
+        of the first iteration after warm-up to the start of backward of the last one.
+
+        Backward starts, not forward starts: each iteration's communication lies between
+        its own backward start and the next one, so every single period, not only their
+        mean, is at least max(compute, communication)."""
+        return self.backward_starts[self.warmup], self.backward_starts[-1]
 
 
 def simulate(
@@ -139,6 +145,7 @@ class _Run:
         self.next_layer = 0  # next layer to run forward
         self.cursor = 0.0  # when the forward chain is free again
         self.starts: list[float] = []
+        self.backward_starts: list[float] = []
         self.log: list[tuple] = []
         self.messages: list[MessageRecord] = []
         self.compute: list[ComputeRecord] = []
@@ -198,6 +205,7 @@ class _Run:
         self.next_layer += 1  # past the end: nothing left to resume
 
     def on_backward(self, now: float) -> None:
+        self.backward_starts.append(now)
         self.engine.begin_iteration(now)
         if self.record:
             self.log.append((now, "backward", self.iteration, None))
@@ -242,7 +250,7 @@ class _Run:
 
     # -- figures -------------------------------------------------------------------------
     def result(self) -> SimResult:
-        starts = self.starts
+        starts = self.backward_starts
         lo, hi = starts[self.warmup], starts[-1]
         periods = len(starts) - 1 - self.warmup
         busy = {lane: 0.0 for lane in self.network.lanes}
@@ -261,7 +269,8 @@ class _Run:
             compute_s=self.model.compute_s,
             comm_s=self.cluster.comm_time(self.model.gradient_bytes),
             link_utilisation=utilisation,
-            iteration_starts=starts,
+            iteration_starts=self.starts,
+            backward_starts=starts,
             log=self.log,
             messages=self.messages,
             compute=self.compute,
