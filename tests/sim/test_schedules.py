@@ -115,14 +115,12 @@ def test_prophet_keeps_the_link_free_when_a_stage_completes():
         layers.append(Layer(f"l{i}", 1e-3, backward, (ParamSpec(f"w{i}", rng.randint(10**5, 10**6)),)))
     model = ModelTable("bursty", tuple(layers))
     cluster = Cluster(workers=4, bandwidth_bps=5e9, latency_s=2e-5)
-    from gradsched.sim.simulator import _Run
-
-    run = _Run(model, cluster, policy_config("prophet", partition_bytes="64KiB", fuse_bytes="256KiB"), 10, True)
-    r = run.run()
-    plan = run.policy.flow.plan
+    r = simulate(model, cluster, policy_config("prophet", partition_bytes="64KiB", fuse_bytes="256KiB"), 10)
+    policy = r.engine.policy
+    plan = policy.flow.plan
     assert len(plan.stages) > 2
     checked = 0
-    for iteration in range(run.policy.warmup_iterations, r.iterations):
+    for iteration in range(policy.warmup_iterations, r.iterations):
         origin = next(t for t, kind, it, _ in r.log if kind == "backward" and it == iteration)
         backward_end = origin + plan.stages[-1].end
         stage_ends = [origin + s.end for s in plan.stages]

@@ -81,6 +81,7 @@ class SimResult:
     log: list[tuple] = field(repr=False)  # (time, event, iteration, subject) in processing order
     messages: list[MessageRecord] = field(repr=False)  # every message, in completion order
     compute: list[ComputeRecord] = field(repr=False)  # empty unless recorded
+    engine: Scheduler = field(repr=False)  # the engine after the run: its policy, estimator, plan
 
     @property
     def bound_s(self) -> float:
@@ -274,4 +275,5 @@ class _Run:
             log=self.log,
             messages=self.messages,
             compute=self.compute,
+            engine=self.engine,
         )

@@ -2,29 +2,31 @@
 
 Gradient ready times come in stable bursts (stages). The first ``profile_iterations``
 iterations run like ByteScheduler while the ready time of every tensor is recorded; then
-the stages are detected once (see :mod:`gradsched.core.stages`). From then on:
+the stages are detected once (see :mod:`gradsched.core.stages`). From then on, while
+backward runs, the policy launches *blocks*: pending slices in priority order (and smaller
+ones further down that still fit), as many as the link can carry before a deadline, minus
+the time still needed by what is already in flight. Once backward has ended, the rest
+drains in priority order under a credit window.
 
-* while a stage is still arriving, nothing new is launched;
-* when stage k is complete, one *block* is launched: pending slices in priority order,
-  also smaller ones further down that still fit, while their predicted transfer time fits before the next
-  decision *minus the time still needed by the bytes already in flight* (the original
-  ignored these);
-* once backward has ended, the rest drains in priority order under a credit window.
+The deadline, by ``horizon``:
 
-Where the original only acts when a stage completes and fills only the gap after it, the
-default ``horizon="stage"`` is work-conserving: at EVERY event it fills the link with
-pending slices up to the predicted completion of the stage now arriving (from the profile),
-so the link is busy through gaps and arrivals alike yet free when that stage is complete.
-``horizon="gap"`` keeps the original rule.
+* ``"gap"``, the original rule: act only when a stage completes, and fill only the gap
+  before the next stage starts; nothing new is launched while a stage arrives;
+* ``"stage"`` (default, ours): act at EVERY event, and fill the link up to the predicted
+  completion of the stage now arriving, the next moment urgent gradients need the link.
+  The link stays busy through gaps and arrivals alike, yet is free when that stage is
+  complete.
 
-Beyond the original: the link estimate (latency and bandwidth) is measured online from
-completed messages and every block is sized with the current estimate, so a drifting link
+Beyond the original in both modes: bytes in flight are subtracted from every budget (the
+original ignored them); the link estimate (latency and bandwidth) is measured online from
+completed messages, so every block is sized with the current estimate and a drifting link
 re-plans itself; consecutive slices of a block are fused into messages of up to
 ``fuse_bytes``, so blocks double as fusion buckets.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -55,7 +57,7 @@ class StageBlocks(FlowControl):
         self.warmup_iterations = profile_iterations
         self.profile = ReadyProfile()
         self.plan: StagePlan | None = None
-        self.blocks: list[tuple[int, int, int]] = []  # (iteration, stage, bytes) of every block
+        self.blocks: deque[tuple[int, int, int]] = deque(maxlen=4096)  # (iteration, stage, bytes), latest
         self._block_window = 0
         self._idle_at = 0.0  # when the link is predicted to have sent all we launched
 
