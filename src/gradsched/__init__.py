@@ -26,6 +26,9 @@ _EXPORTS = {
     "simulate": "gradsched.sim",
     "ModelTable": "gradsched.models",
     "model_table": "gradsched.models",
+    "wrap": "gradsched.runtime",
+    "GradschedError": "gradsched.runtime",
+    "ScheduledOptimizer": "gradsched.runtime",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -21,12 +21,11 @@ whose communication is complete. It reads no clock and starts no thread.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .base import Policy
-from .estimator import LinkEstimator
+from .estimator import CompletionTimer, LinkEstimator
 from .task import CommTask, Message, TaskState, TensorSpec
 
 
@@ -61,6 +60,7 @@ class Scheduler:
         self.policy = policy
         self.tensors: dict[str, TensorSpec] = {t.name: t for t in tensors}
         self.estimator = LinkEstimator()
+        self._timer = CompletionTimer(self.estimator)
         self.roots: dict[str, CommTask] = {}
         self.leaves: dict[str, list[CommTask]] = {}
         next_id = 0
@@ -80,7 +80,6 @@ class Scheduler:
         self.iteration = -1
         self.ready_leaves = 0
         self.finished_leaves = 0
-        self._last_finish = -math.inf
         policy.flow.setup(self)
 
     # -- read-only view used by flow-control strategies ---------------------------------
@@ -153,10 +152,7 @@ class Scheduler:
     def on_finished(self, message: Message, now: float) -> Decision:
         if self._in_flight.pop(message.id, None) is None:
             raise SchedulerError(f"message {message.id} is not in flight")
-        isolated = message.isolated or self._last_finish < message.launched_at
-        duration = now - max(message.launched_at, self._last_finish)
-        self.estimator.observe(message.nbytes, max(duration, 0.0), isolated)
-        self._last_finish = now
+        self._timer.finished(message.nbytes, message.launched_at, message.isolated, now)
         self.in_flight_bytes -= message.nbytes
         done = []
         for leaf in message.tasks:

@@ -99,3 +99,19 @@ class LinkEstimator:
         else:  # only isolated messages so far: the best guess of throughput is theirs
             self.latency, self.isolated_per_byte = self._isolated.solve()
             self.per_message, self.seconds_per_byte = 0.0, self.isolated_per_byte
+
+
+class CompletionTimer:
+    """Turns the launch and finish times of messages that finish in launch order (one FIFO
+    link) into :class:`LinkEstimator` samples: a message is *queued* if it was launched
+    before its predecessor finished, and then its duration counts from that finish."""
+
+    def __init__(self, estimator: LinkEstimator) -> None:
+        self.estimator = estimator
+        self._last_finish = float("-inf")
+
+    def finished(self, nbytes: int, launched_at: float, idle_at_launch: bool, now: float) -> None:
+        isolated = idle_at_launch or self._last_finish < launched_at
+        duration = now - max(launched_at, self._last_finish)
+        self.estimator.observe(nbytes, max(duration, 0.0), isolated)
+        self._last_finish = now

@@ -41,9 +41,9 @@ class Network:
 
     lanes: tuple[str, ...] = ("link",)
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.latency = cluster.latency_s
-        self.per_byte = cluster.seconds_per_byte
+    def __init__(self, latency_s: float, seconds_per_byte: float) -> None:
+        self.latency = latency_s
+        self.per_byte = seconds_per_byte
         self.free = {lane: 0.0 for lane in self.lanes}
 
     def _serve(self, lane: str, nbytes: int, at: float) -> Segment:
@@ -67,4 +67,5 @@ class PushPull(Network):
 
 
 def make_network(cluster: Cluster) -> Network:
-    return PushPull(cluster) if cluster.arch == "ps" else Network(cluster)
+    kind = PushPull if cluster.arch == "ps" else Network
+    return kind(cluster.latency_s, cluster.seconds_per_byte)

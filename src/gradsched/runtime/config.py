@@ -1,0 +1,31 @@
+"""Validated configuration of a wrapped model (everything but the policy's own options)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass
+    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before each forward, as DDP
+    broadcast_parameters: bool = False  # at wrap, copy rank 0's parameters instead of requiring equal ones
+    profile_rounds: int = 3  # backward passes timed (after the first) before the first measured plan
+    replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
+    timeout_s: float = 300.0  # give up on a stuck or dead rank after this long
+    trace: str | None = None  # write a Chrome trace of this rank's run here (".rank{N}" is added)
+
+    def __post_init__(self) -> None:
+        if self.profile_rounds < 1:
+            raise ValueError(f"profile_rounds must be >= 1, got {self.profile_rounds}")
+        if self.replan_every < 0:
+            raise ValueError(f"replan_every must be >= 0 (0: never), got {self.replan_every}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+
+    def fingerprint(self) -> dict:
+        """What must be equal on every rank (the trace path may differ)."""
+        data = dataclasses.asdict(self)
+        data.pop("trace")
+        return data

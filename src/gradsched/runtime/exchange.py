@@ -1,0 +1,236 @@
+"""The exchange: moves gradients between ranks by following a :class:`~gradsched.sim.plan.Plan`.
+
+One launcher thread per rank walks the plan of each round in order and starts message k
+(an async all-reduce on the data group) as soon as every earlier message has started, its
+gradients are ready on this rank, and the event that released it in the plan has happened
+here too. Completion callbacks copy fused results back and mark gradients reduced. The
+main thread only reports ready gradients and waits for reduced ones.
+
+Every rank issues the same collectives in the same order, because the order comes from the
+plan, never from local timing. All shared state is guarded by one condition variable; the
+launcher sleeps on it and nothing polls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..core.estimator import CompletionTimer, LinkEstimator
+from ..core.task import TensorSpec
+from ..sim.plan import Plan, PlannedMessage
+
+
+class GradschedError(RuntimeError):
+    """Communication failed or gradsched was misused; the message says which and how to fix it."""
+
+
+@dataclass
+class _Round:
+    """Launch and completion progress of one round (one backward pass) on this rank."""
+
+    index: int
+    plan: Plan
+    launched: int = 0
+    done: list[bool] = field(default_factory=list)
+    remaining: dict[int, int] = field(default_factory=dict)  # tensor -> slices not yet reduced
+    in_flight: int = 0
+
+
+class Exchange:
+    def __init__(
+        self,
+        tensors: Sequence[TensorSpec],
+        plan: Plan,
+        group: dist.ProcessGroup,
+        world_size: int,
+        timeout_s: float,
+        on_event: Callable[..., None] | None = None,
+    ) -> None:
+        self.tensors = list(tensors)
+        self.index = {t.name: i for i, t in enumerate(self.tensors)}
+        self.group = group
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.on_event = on_event  # tracing: on_event(kind, **fields), called under the lock
+        self.cond = threading.Condition()
+        n = len(self.tensors)
+        self.ready_round = [0] * n  # last round in which the gradient was handed over
+        self.reduced_round = [0] * n  # last round whose reduction of the tensor completed
+        self.grads: list[torch.Tensor | None] = [None] * n
+        self.estimator = LinkEstimator()
+        self._timer = CompletionTimer(self.estimator)
+        self._plans: list[tuple[int, Plan]] = [(1, plan)]  # (first round, plan)
+        self._rounds: dict[int, _Round] = {}
+        self.error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
+        self._thread.start()
+
+    # -- main thread ----------------------------------------------------------------------
+    def mark_ready(self, i: int, grad: torch.Tensor, round_index: int) -> None:
+        with self.cond:
+            if self.reduced_round[i] < self.ready_round[i]:
+                raise GradschedError(
+                    f"gradient of {self.tensors[i].name!r} is ready again while its previous "
+                    "reduction is still in flight"
+                )
+            self.grads[i] = grad
+            self.ready_round[i] = round_index
+            self.cond.notify_all()
+
+    def set_plan(self, plan: Plan, first_round: int) -> None:
+        """Use ``plan`` from round ``first_round`` on (agreed by all ranks beforehand)."""
+        with self.cond:
+            self._plans.append((first_round, plan))
+            self.cond.notify_all()
+
+    @property
+    def plans_adopted(self) -> int:
+        return len(self._plans)
+
+    def plan_for(self, round_index: int) -> Plan:
+        return max((p for p in self._plans if p[0] <= round_index), key=lambda p: p[0])[1]
+
+    def in_flight(self, i: int) -> bool:
+        return self.reduced_round[i] < self.ready_round[i]
+
+    def wait_reduced(self, indices: Sequence[int], what: str = "parameters") -> None:
+        """Block until every gradient in ``indices`` handed over so far is reduced."""
+        with self.cond:
+            if all(self.reduced_round[i] >= self.ready_round[i] for i in indices):
+                self._raise_if_failed()
+                return
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                self._raise_if_failed()
+                if all(self.reduced_round[i] >= self.ready_round[i] for i in indices):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pending = [self.tensors[i].name for i in indices if self.reduced_round[i] < self.ready_round[i]]
+                    raise GradschedError(
+                        f"timed out after {self.timeout_s:.0f} s waiting for the reduction of {what} "
+                        f"{pending[:3]}: another rank is stuck or did not run the same backward passes"
+                    )
+                self.cond.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise GradschedError(f"gradient communication failed: {self.error}") from self.error
+
+    # -- launcher thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        round_index = 1
+        try:
+            while True:
+                with self.cond:
+                    # Choose the round's plan only once the round has begun here: a plan
+                    # agreed at the control point of the previous round must be in place.
+                    while not any(r >= round_index for r in self.ready_round):
+                        if self._closed or self.error is not None:
+                            return
+                        self.cond.wait()
+                    state = self._start_round(round_index)
+                for k, message in enumerate(state.plan.messages):
+                    with self.cond:
+                        while not self._launchable(state, k, message):
+                            if self._closed or self.error is not None:
+                                return
+                            self.cond.wait()
+                        state.launched = k + 1
+                        state.in_flight += 1
+                        idle = state.in_flight == 1
+                        views = [self._view(name, offset, numel) for name, offset, numel in message.slices]
+                    self._launch(state, k, message, views, idle)
+                round_index += 1
+        except BaseException as exc:  # noqa: BLE001 - reported to the main thread
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+
+    def _start_round(self, round_index: int) -> _Round:
+        plan = self.plan_for(round_index)
+        state = _Round(round_index, plan, done=[False] * len(plan.messages))
+        for message in plan.messages:
+            for name, _, _ in message.slices:
+                i = self.index[name]
+                state.remaining[i] = state.remaining.get(i, 0) + 1
+        self._rounds[round_index] = state
+        self._rounds.pop(round_index - 2, None)
+        return state
+
+    def _launchable(self, state: _Round, k: int, message: PlannedMessage) -> bool:
+        r = state.index
+        for name, _, _ in message.slices:
+            if self.ready_round[self.index[name]] < r:
+                return False
+        if message.after_tensor is not None and self.ready_round[self.index[message.after_tensor]] < r:
+            return False
+        return message.after_message is None or state.done[message.after_message]
+
+    def _view(self, name: str, offset: int, numel: int) -> torch.Tensor:
+        grad = self.grads[self.index[name]]
+        return grad.view(-1)[offset : offset + numel]
+
+    def _launch(self, state: _Round, k: int, message: PlannedMessage, views: list[torch.Tensor], idle: bool) -> None:
+        if len(views) == 1:
+            buffers = [views[0]]
+            groups = None
+        else:  # fuse per dtype: one collective per dtype, in a fixed order
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for view in views:
+                by_dtype.setdefault(view.dtype, []).append(view)
+            groups = [by_dtype[d] for d in sorted(by_dtype, key=str)]
+            buffers = [torch.cat(g) for g in groups]
+        launched_at = time.perf_counter()
+        works = []
+        for buffer in buffers:
+            buffer.div_(self.world_size)
+            works.append(dist.all_reduce(buffer, group=self.group, async_op=True))
+        if self.on_event:
+            self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at)
+        futures = torch.futures.collect_all([w.get_future() for w in works])
+        futures.add_done_callback(
+            lambda fut: self._finished(fut, state, k, message, buffers, groups, launched_at, idle)
+        )
+
+    def _finished(self, fut, state, k, message, buffers, groups, launched_at, idle) -> None:
+        now = time.perf_counter()
+        try:
+            for inner in fut.value():
+                inner.value()  # raises if the collective failed
+            if groups is not None:
+                for buffer, views in zip(buffers, groups):  # the views alias the gradients
+                    offset = 0
+                    for view in views:
+                        view.copy_(buffer[offset : offset + view.numel()])
+                        offset += view.numel()
+        except BaseException as exc:  # noqa: BLE001
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+            return
+        with self.cond:
+            state.done[k] = True
+            state.in_flight -= 1
+            self._timer.finished(message.nbytes, launched_at, idle, now)
+            for name, _, _ in message.slices:
+                i = self.index[name]
+                state.remaining[i] -= 1
+                if state.remaining[i] == 0:
+                    self.reduced_round[i] = state.index
+            if self.on_event:
+                self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)
+            self.cond.notify_all()

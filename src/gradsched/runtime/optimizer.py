@@ -1,0 +1,122 @@
+"""The optimizer ``gradsched.wrap`` returns: the user's own optimizer, applied per parameter.
+
+:class:`ScheduledOptimizer` is a :class:`torch.optim.Optimizer` whose ``param_groups``,
+``state`` and ``defaults`` ARE those of the wrapped optimizer, so learning-rate schedulers,
+``add_param_group``-free code and checkpoints see exactly what they would see unwrapped,
+and ``state_dict()`` is the wrapped optimizer's own format.
+
+``step()`` does not wait for communication. It records the hyper-parameters of every group
+at that moment; each parameter is then updated, with those hyper-parameters, once its
+gradient is reduced: at the latest just before the next forward pass of the module that
+uses it. ``zero_grad()`` likewise waits for a gradient still being communicated. The
+update itself is the wrapped optimizer's ``step()`` run on a subset of parameters.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .coordinator import Coordinator
+
+
+class ScheduledOptimizer(torch.optim.Optimizer):
+    def __init__(self, inner: torch.optim.Optimizer, coordinator: Coordinator) -> None:
+        self._inner = inner
+        self._coordinator = coordinator
+        self._ready = False
+        # The base initialiser sets up the hook registries; the groups it would build are
+        # ignored (the properties below route to the wrapped optimizer).
+        super().__init__(inner.param_groups, inner.defaults)
+        self._ready = True
+
+    # -- shared state with the wrapped optimizer ------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        if self._ready:
+            self._inner.param_groups = value
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self._inner.state
+
+    @state.setter
+    def state(self, value) -> None:
+        if self._ready:
+            self._inner.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        if self._ready:
+            self._inner.defaults = value
+
+    @property
+    def wrapped(self) -> torch.optim.Optimizer:
+        """The user's optimizer (do not call its ``step`` directly while wrapped)."""
+        return self._inner
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if self._ready:
+            raise RuntimeError(
+                "gradsched: parameters cannot be added to a wrapped optimizer; add them before "
+                "gradsched.wrap, or wrap again"
+            )
+
+    # -- the training loop ------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        if closure is not None:
+            raise RuntimeError("gradsched: step(closure) is not supported: updates are applied per parameter later")
+        self._coordinator.step()
+        if self._optimizer_step_post_hooks:
+            # code hooked after step() (EMA, SWA, logging) reads parameters: update them all now
+            self._coordinator.synchronize()
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._coordinator.zero_grad(set_to_none)
+
+    def synchronize(self) -> None:
+        """Wait for all communication and apply every pending update. Call it before anything
+        that reads all gradients or parameters at once: global-norm clipping, an AMP
+        ``GradScaler`` step, logging gradient norms, evaluating outside ``model(...)``."""
+        self._coordinator.synchronize()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally without communicating (the
+        next backward pass outside communicates the sum), like DDP's ``no_sync``."""
+        with self._coordinator.no_sync():
+            yield
+
+    def close(self) -> None:
+        """Finish communication, detach every hook and stop the background thread."""
+        self._coordinator.close()
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        self._coordinator.synchronize()
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self._coordinator.synchronize()
+        self._inner.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"ScheduledOptimizer({self._coordinator.policy_name}, {self._inner!r})"
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Rounds, the plan in use, and the measured link."""
+        return self._coordinator.stats()

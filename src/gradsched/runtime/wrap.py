@@ -1,0 +1,177 @@
+"""``gradsched.wrap``: schedule the gradient communication of a model and its optimizer.
+
+>>> model, optimizer = gradsched.wrap(model, optimizer, policy="bytescheduler")  # doctest: +SKIP
+>>> for x, y in loader:                                                           # doctest: +SKIP
+...     loss_fn(model(x), y).backward()
+...     optimizer.step()
+...     optimizer.zero_grad()
+
+Run under ``torchrun`` after ``torch.distributed.init_process_group`` (gloo or NCCL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..core import POLICIES, policy_config
+from .config import RuntimeConfig
+from .coordinator import Coordinator
+from .exchange import GradschedError
+from .optimizer import ScheduledOptimizer
+
+_WRAPPED: weakref.WeakSet = weakref.WeakSet()
+
+
+def wrap(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy: str = "bytescheduler",
+    *,
+    policy_options: dict[str, Any] | None = None,
+    find_unused_parameters: bool = False,
+    broadcast_buffers: bool = True,
+    broadcast_parameters: bool = False,
+    profile_rounds: int = 3,
+    replan_every: int = 50,
+    timeout: float = 300.0,
+    trace: str | None = None,
+) -> tuple[nn.Module, ScheduledOptimizer]:
+    """Schedule ``model``'s gradient communication with ``policy`` and apply ``optimizer``
+    per parameter. Returns the same model (with hooks attached) and the optimizer to use.
+
+    Args:
+        policy: ``fifo`` (what DDP does), ``priority``, ``bytescheduler`` or ``prophet``.
+        policy_options: the policy's options, e.g. ``{"credit_bytes": "8MiB"}``
+            (``gradsched models`` lists them).
+        find_unused_parameters: allow parameters without a gradient in a backward pass
+            (costs one small collective per backward pass, as in DDP).
+        broadcast_buffers: copy rank 0's buffers (BatchNorm statistics) before every forward.
+        broadcast_parameters: copy rank 0's parameters at wrap time instead of requiring
+            identical ones.
+        profile_rounds: backward passes measured before the first measured plan.
+        replan_every: backward passes between re-planning points (0: never).
+        timeout: seconds after which a stuck or dead rank makes the others fail.
+        trace: write a Chrome trace of this rank to this path (``.rank{N}`` is inserted)
+            when the optimizer is closed.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise GradschedError(
+            "gradsched.wrap needs torch.distributed: call torch.distributed.init_process_group(...) first "
+            "(under torchrun: init_process_group('gloo') on CPU, 'nccl' on GPU)"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"gradsched.wrap: model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(optimizer, ScheduledOptimizer):
+        raise GradschedError("gradsched.wrap: this optimizer is already wrapped")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"gradsched.wrap: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise GradschedError("gradsched.wrap: LBFGS needs a closure over all parameters and cannot update per parameter")
+    if model in _WRAPPED:
+        raise GradschedError("gradsched.wrap: this model is already wrapped; close the other optimizer first")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from: {', '.join(POLICIES)}")
+    config = policy_config(policy, **(policy_options or {}))
+    runtime = RuntimeConfig(
+        find_unused_parameters, broadcast_buffers, broadcast_parameters, profile_rounds, replan_every,
+        float(timeout), trace,
+    )
+
+    names, params = _trainable(model)
+    known = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    stray = [n for n, p in zip(names, params) if id(p) not in known]
+    if not params:
+        raise GradschedError("gradsched.wrap: the model has no trainable parameters")
+    model_ids = {id(p) for p in model.parameters()}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in model_ids)
+    if foreign:
+        raise GradschedError(f"gradsched.wrap: the optimizer holds {foreign} parameters that are not in the model")
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wait = timedelta(seconds=runtime.timeout_s)
+    groups = {
+        "control": dist.new_group(backend="gloo", timeout=wait),
+        "data": dist.new_group(timeout=wait),
+        "buffers": dist.new_group(timeout=wait),
+    }
+    _check_across_ranks(names, params, config.as_dict(), runtime, groups["control"], world)
+    if runtime.broadcast_parameters:
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=0, group=groups["data"])
+    if stray and rank == 0:
+        import warnings
+
+        warnings.warn(
+            f"gradsched: {len(stray)} trainable parameters are not in the optimizer (e.g. {stray[0]!r}); "
+            "their gradients are averaged but they are never updated",
+            stacklevel=2,
+        )
+    coordinator = Coordinator(model, optimizer, names, params, config, runtime, groups, rank, world)
+    _WRAPPED.add(model)
+    wrapped = ScheduledOptimizer(optimizer, coordinator)
+    weakref.finalize(wrapped, _WRAPPED.discard, model)
+    return model, wrapped
+
+
+def _trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
+    names, params, seen = [], [], set()
+    for name, p in model.named_parameters():  # shared parameters are listed once
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            names.append(name)
+            params.append(p)
+    return names, params
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_across_ranks(names, params, policy, runtime, group, world) -> None:
+    """Same structure, same configuration and (unless broadcast) same values everywhere."""
+    structure = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, params)]
+    with torch.no_grad():
+        sums = [(float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params]
+    mine = {
+        "structure": _digest(json.dumps(structure)),
+        "config": json.dumps({"policy": policy, "runtime": runtime.fingerprint()}, sort_keys=True),
+        "sums": sums,
+    }
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine, group=group)
+    base = everyone[0]
+    for other_rank, other in enumerate(everyone):
+        if other["structure"] != base["structure"]:
+            raise GradschedError(
+                f"gradsched.wrap: rank {other_rank} has different parameters (names, shapes or dtypes) "
+                "than rank 0: every rank must wrap the same model"
+            )
+        if other["config"] != base["config"]:
+            theirs, ours = json.loads(other["config"]), json.loads(base["config"])
+            diffs = [
+                f"{part}.{key}={theirs[part].get(key)!r} (rank 0: {ours[part].get(key)!r})"
+                for part in ours
+                for key in sorted(set(ours[part]) | set(theirs[part]))
+                if ours[part].get(key) != theirs[part].get(key)
+            ]
+            raise GradschedError(
+                f"gradsched.wrap: rank {other_rank} passed a different configuration than rank 0: {', '.join(diffs)}"
+            )
+    if runtime.broadcast_parameters:
+        return
+    for other_rank, other in enumerate(everyone):
+        for name, a, b in zip(names, base["sums"], other["sums"]):
+            if a != b:
+                raise GradschedError(
+                    f"gradsched.wrap: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "
+                    "the model identically on every rank, or pass broadcast_parameters=True to copy rank 0's"
+                )

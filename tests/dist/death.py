@@ -1,0 +1,35 @@
+"""Worker: train until communication fails; rank 0 reports how it failed and how fast.
+
+Rank 1 is killed by the test. Prints one JSON line on rank 0."""
+
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsched
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler",
+                            policy_options={"partition_bytes": 16384, "credit_bytes": 65536}, timeout=30)
+x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+last_ok = time.monotonic()
+steps = 0
+try:
+    while True:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        last_ok = time.monotonic()
+        if steps == 20:
+            print("STEADY", flush=True)
+except Exception as exc:  # noqa: BLE001 - the point of the test
+    print(json.dumps({"steps": steps, "type": type(exc).__name__, "message": str(exc)[:300],
+                      "seconds_after_last_step": time.monotonic() - last_ok}), flush=True)
+    raise SystemExit(3)

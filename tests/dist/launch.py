@@ -1,0 +1,46 @@
+"""Start N real processes of a script as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0, env: dict | None = None,
+              kill_rank: int | None = None, kill_after: float = 0.0) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` (a file next to this one) on ``world`` ranks; return their results.
+    ``kill_rank`` is killed ``kill_after`` seconds in, to test failure handling."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / script), *args], env=penv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    if kill_rank is not None:
+        time.sleep(kill_after)
+        procs[kill_rank].kill()
+    results = []
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"ranks did not finish within {timeout} s (hang?)\n{err[-3000:]}")
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results

@@ -1,0 +1,107 @@
+"""The runtime with real processes over gloo and real TCP, against DDP.
+
+Each test starts its ranks once and runs many cases inside them, to keep the suite fast.
+Tolerance: 1e-5 absolute on parameters and buffers (summation order may differ from DDP's
+for 3 ranks; parameters move by 3e-2 to 8e-2 over these runs, so equality is not vacuous).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import HERE, run_ranks
+
+TOLERANCE = 1e-5
+
+
+def load(path: Path):
+    return json.loads(path.read_text())
+
+
+def check_ranks(results) -> None:
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_every_policy_and_optimizer_matches_ddp_on_two_ranks(tmp_path):
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("train_compare.py", 2, str(out), "--optimizers", "sgd,adam,adamw-groups,rmsprop",
+                          timeout=240))
+    ranks = load(out)["ranks"]
+    assert len(ranks[0]) == 16
+    for case, result in ranks[0].items():
+        assert result["max_abs_diff"] <= TOLERANCE, case
+        assert result["moved"] > 1e-2, case  # training did happen
+        assert result["plans_adopted"] >= 3, case  # plans measured and replaced during the run
+        assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
+
+
+def test_three_ranks_with_random_backward_delays(tmp_path):
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("train_compare.py", 3, str(out), "--delays", "--optimizers", "sgd,adamw-groups",
+                          timeout=240))
+    ranks = load(out)["ranks"]
+    for case, result in ranks[0].items():
+        assert result["max_abs_diff"] <= TOLERANCE, case
+        assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
+
+
+def test_collective_order_is_identical_under_torch_debug_detail(tmp_path):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's kind and shapes across ranks
+    before it runs. (DDP itself crashes under DETAIL in this torch build, so ranks are
+    compared with each other here; the tests above compare with DDP.)"""
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("train_compare.py", 3, str(out), "--no-ddp", "--delays", "--optimizers", "adam",
+                          env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=240))
+    ranks = load(out)["ranks"]
+    for case, result in ranks[0].items():
+        assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
+
+
+def test_the_order_check_catches_a_mismatch():
+    results = run_ranks("mismatch.py", 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=60)
+    assert all(r.returncode != 0 for r in results)
+    assert any("mismatch between collectives" in r.stderr for r in results)
+
+
+def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("features.py", 2, str(out), "unused,frozen,tied,accumulate,clip,checkpoint,world-errors",
+                          timeout=240))
+    report = load(out)[0]
+    for scenario in ("unused", "frozen", "tied", "accumulate", "clip"):
+        for policy, result in report[scenario].items():
+            assert result["diff"] <= TOLERANCE, (scenario, policy)
+            assert result["moved"] > 1e-2, (scenario, policy)
+    ck = report["checkpoint"]
+    assert ck["resume_diff"] == 0.0 and ck["unwrapped_resume_diff"] <= TOLERANCE
+    assert ck["same_format"] and ck["saved_step"] == 3 and ck["moved"] > 1e-3
+    errors = report["world-errors"]
+    assert "parameter 'a.weight' differs between rank 0 and rank 1" in errors["values"]
+    assert "policy.credit_bytes=8388608 (rank 0: 4194304)" in errors["config"]
+    assert errors["broadcast_equal"]
+
+
+def test_a_dead_rank_makes_the_others_fail_quickly():
+    results = run_ranks("death.py", 2, timeout=90, kill_rank=1, kill_after=8.0)
+    survivor = results[0]
+    assert survivor.returncode == 3, survivor.stderr[-3000:]
+    report = json.loads(survivor.stdout.strip().splitlines()[-1])
+    assert report["type"] == "GradschedError"
+    assert report["steps"] >= 20
+    assert report["seconds_after_last_step"] < 30
+
+
+def test_example_runs_under_torchrun(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(__import__("launch").free_port()), str(example), "--steps", "12", "--policy", "prophet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 12" in out.stdout and "identical on all ranks: True" in out.stdout

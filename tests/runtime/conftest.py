@@ -1,0 +1,13 @@
+import pytest
+import torch.distributed as dist
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A real gloo process group of one rank in this process (torn down afterwards)."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

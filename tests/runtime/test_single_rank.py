@@ -1,0 +1,197 @@
+"""The runtime in one process (a real gloo group of one rank): updates must equal plain
+PyTorch training exactly, and misuse must fail with a message that says how to fix it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import gradsched
+from gradsched.runtime import GradschedError
+
+SMALL = {
+    "fifo": {"bucket_cap_bytes": 2048, "first_bucket_bytes": 512},
+    "priority": {"partition_bytes": 512},
+    "bytescheduler": {"partition_bytes": 512, "credit_bytes": 2048},
+    "prophet": {"partition_bytes": 256, "credit_bytes": 2048, "fuse_bytes": 1024, "profile_iterations": 2},
+}
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def batches(n=7):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(6, 10, generator=g), torch.randint(0, 3, (6,), generator=g)) for _ in range(n)]
+
+
+def make_opt(kind, model):
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    if kind == "adamw":
+        return torch.optim.AdamW(
+            [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.1},
+             {"params": [model[0].bias, model[2].bias, model[4].weight, model[4].bias], "lr": 3e-3}], lr=1e-2)
+    return torch.optim.Adagrad(model.parameters(), lr=0.05)
+
+
+def train(model, opt, scheduler=None, data=None):
+    for x, y in data or batches():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if scheduler:
+            scheduler.step()
+
+
+@pytest.mark.parametrize("policy", list(SMALL))
+@pytest.mark.parametrize("kind", ["sgd", "adamw", "adagrad"])
+def test_updates_equal_plain_training(world_of_one, policy, kind):
+    reference = net()
+    opt = make_opt(kind, reference)
+    train(reference, opt, torch.optim.lr_scheduler.ExponentialLR(opt, 0.8))
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt(kind, model), policy, policy_options=SMALL[policy],
+                                    profile_rounds=2, replan_every=2)
+    train(model, wrapped, torch.optim.lr_scheduler.ExponentialLR(wrapped, 0.8))
+    wrapped.synchronize()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert wrapped.stats["rounds"] == 7 and wrapped.stats["plans_adopted"] >= 2
+    wrapped.close()
+
+
+def test_updates_are_deferred_until_the_layer_is_used(world_of_one):
+    model = net()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "bytescheduler")
+    x, y = batches(1)[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+    before = model[4].weight.detach().clone()
+    opt.step()
+    opt.zero_grad()
+    # the reduced gradient is applied at the latest when the layer runs again
+    model(x)
+    assert not torch.equal(model[4].weight, before)
+    assert all(p.grad is None for p in model.parameters())
+    opt.close()
+
+
+def test_state_dict_waits_for_pending_updates(world_of_one):
+    model = net()
+    reference = net()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "prophet")
+    for m, o in ((model, opt), (reference, ref_opt)):
+        x, y = batches(1)[0]
+        nn.functional.cross_entropy(m(x), y).backward()
+        o.step()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    opt.close()
+
+
+def test_step_post_hooks_see_updated_parameters(world_of_one):
+    model = net()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "bytescheduler")
+    seen = []
+    opt.register_step_post_hook(lambda o, args, kwargs: seen.append(model[4].bias.detach().clone()))
+    x, y = batches(1)[0]
+    before = model[4].bias.detach().clone()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert not torch.equal(seen[0], before)
+    opt.close()
+
+
+def test_trace_is_written_per_rank(world_of_one, tmp_path):
+    model = net()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "bytescheduler",
+                                trace=str(tmp_path / "run.json"))
+    train(model, opt)
+    opt.close()
+    events = json.loads((tmp_path / "run.rank0.json").read_text())["traceEvents"]
+    kinds = {e.get("cat") for e in events}
+    assert {"message", "ready", "update"} <= kinds
+
+
+def test_wrap_needs_an_initialised_process_group():
+    model = net()
+    with pytest.raises(GradschedError, match="init_process_group"):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(policy="magic"), ValueError, "unknown policy 'magic'"),
+        (dict(policy_options={"credit_bytes": "4MiB", "partition_bytes": "8MiB"}), ValueError, "credit_bytes"),
+        (dict(policy_options={"credit": 1}), ValueError, "has no option 'credit'"),
+        (dict(profile_rounds=0), ValueError, "profile_rounds must be >= 1"),
+        (dict(timeout=0), ValueError, "timeout must be > 0"),
+    ],
+)
+def test_invalid_configuration(world_of_one, kwargs, error, match):
+    model = net()
+    with pytest.raises(error, match=match):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+def test_misuse_is_reported(world_of_one):
+    model = net()
+    with pytest.raises(GradschedError, match="LBFGS"):
+        gradsched.wrap(model, torch.optim.LBFGS(model.parameters()))
+    with pytest.raises(GradschedError, match="not in the model"):
+        gradsched.wrap(model, torch.optim.SGD(net().parameters(), lr=0.1))
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(GradschedError, match="no trainable parameters"):
+        gradsched.wrap(frozen, torch.optim.SGD(frozen.parameters(), lr=0.1))
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(GradschedError, match="already wrapped"):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(GradschedError, match="already wrapped"):
+        gradsched.wrap(net(), opt)
+    with pytest.raises(RuntimeError, match="closure"):
+        opt.step(lambda: 0.0)
+    with pytest.raises(RuntimeError, match="cannot be added"):
+        opt.add_param_group({"params": [torch.zeros(1, requires_grad=True)]})
+    x, y = batches(1)[0]
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(GradschedError, match="twice in one backward pass"):
+        loss.backward()
+    opt.close()
+
+
+def test_unused_parameters_need_the_flag(world_of_one):
+    class Skip(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = Skip()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(GradschedError, match="find_unused_parameters=True"):
+        opt.step()
+    opt.close()
+
+    model = Skip()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1),
+                                find_unused_parameters=True)
+    before = model.unused.weight.detach().clone()
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    assert torch.equal(model.unused.weight, before)  # no gradient anywhere: no update, no decay
+    assert model.unused.weight.grad is None
+    opt.close()
