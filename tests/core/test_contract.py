@@ -10,7 +10,7 @@ from collections import deque
 
 import pytest
 
-from conftest import random_tensors
+from helpers import random_tensors
 from gradsched.core import POLICIES, Scheduler, policy_config
 
 SMALL = {

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import random_model
+from helpers import random_model
 from gradsched.core import POLICIES, policy_config
 from gradsched.core.policies import FifoConfig
 from gradsched.models.table import Layer, ModelTable, ParamSpec

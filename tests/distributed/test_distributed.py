@@ -88,12 +88,13 @@ def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
 
 
 def test_a_dead_rank_makes_the_others_fail_quickly():
-    results = run_ranks("death.py", 2, timeout=90, kill_rank=1, kill_after=8.0)
+    results = run_ranks("death.py", 2, timeout=90)
     survivor = results[0]
-    assert survivor.returncode == 3, survivor.stderr[-3000:]
+    # 3 from the script; gloo may instead abort the process while it exits with a dead peer
+    assert survivor.returncode != 0, survivor.stderr[-3000:]
     report = json.loads(survivor.stdout.strip().splitlines()[-1])
     assert report["type"] == "GradschedError"
-    assert report["steps"] >= 20
+    assert report["steps"] >= 24
     assert report["seconds_after_last_step"] < 30
 
 

@@ -18,10 +18,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0, env: dict | None = None,
-              kill_rank: int | None = None, kill_after: float = 0.0) -> list[subprocess.CompletedProcess]:
-    """Run ``script`` (a file next to this one) on ``world`` ranks; return their results.
-    ``kill_rank`` is killed ``kill_after`` seconds in, to test failure handling."""
+def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0,
+              env: dict | None = None) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` (a file next to this one) on ``world`` ranks; return their results."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -29,9 +28,6 @@ def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0, env: 
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
         procs.append(subprocess.Popen([sys.executable, str(HERE / script), *args], env=penv,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    if kill_rank is not None:
-        time.sleep(kill_after)
-        procs[kill_rank].kill()
     results = []
     deadline = time.monotonic() + timeout
     for proc in procs:

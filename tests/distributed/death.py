@@ -1,8 +1,10 @@
 """Worker: train until communication fails; rank 0 reports how it failed and how fast.
 
-Rank 1 is killed by the test. Prints one JSON line on rank 0."""
+Rank 1 kills itself (SIGKILL, no clean-up) after 25 steps. Prints one JSON line on rank 0."""
 
 import json
+import os
+import signal
 import time
 
 import torch
@@ -27,8 +29,8 @@ try:
         opt.step()
         steps += 1
         last_ok = time.monotonic()
-        if steps == 20:
-            print("STEADY", flush=True)
+        if steps == 25 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
 except Exception as exc:  # noqa: BLE001 - the point of the test
     print(json.dumps({"steps": steps, "type": type(exc).__name__, "message": str(exc)[:300],
                       "seconds_after_last_step": time.monotonic() - last_ok}), flush=True)

@@ -1,0 +1,25 @@
+"""Helpers shared by tests (import with ``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import random
+
+from gradsched.core import TensorSpec
+from gradsched.models.table import Layer, ModelTable, ParamSpec
+
+
+def random_tensors(rng: random.Random, count: int | None = None) -> list[TensorSpec]:
+    count = count or rng.randint(3, 25)
+    return [TensorSpec(f"t{i}", rng.randint(1, 6000), layer=i, priority=i) for i in range(count)]
+
+
+def random_model(rng: random.Random, layers: int | None = None) -> ModelTable:
+    """A random table: some layers without parameters, some with several tensors."""
+    out = []
+    n = layers or rng.randint(2, 12)
+    for i in range(n):
+        params = tuple(ParamSpec(f"l{i}.p{j}", rng.randint(1, 400_000)) for j in range(rng.choice([0, 1, 1, 2, 3])))
+        out.append(Layer(f"l{i}", rng.uniform(0, 3e-3), rng.uniform(0, 6e-3), params))
+    if not any(layer.params for layer in out):
+        out[0] = Layer("l0", out[0].forward_s, out[0].backward_s, (ParamSpec("l0.p0", 1000),))
+    return ModelTable("random", tuple(out))
