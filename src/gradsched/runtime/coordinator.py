@@ -61,7 +61,7 @@ class Coordinator:
         self.trace = RunTrace(rank) if config.trace else None
         plan = make_plan(self.tensors, default_ready_times(self.tensors), policy)
         self.exchange = Exchange(
-            self.tensors, plan, groups["data"], world_size, config.timeout_s,
+            self.tensors, self.params, plan, groups["data"], world_size, config.timeout_s,
             self.trace.on_exchange if self.trace else None,
         )
         self.round = 0
@@ -117,7 +117,12 @@ class Coordinator:
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use optimizer.no_sync() for backward passes that should not communicate"
             )
-        if not p.grad.is_contiguous():
+        home = self.exchange.home(i, self.round)
+        if home is not None:
+            if p.grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
+                home.copy_(p.grad)
+                p.grad = home
+        elif not p.grad.is_contiguous():
             p.grad = p.grad.contiguous()
         self._round_times[self.names[i]] = now - self._round_started_at
         if self.trace:
@@ -180,7 +185,8 @@ class Coordinator:
             for i in missing:
                 p = self.params[i]
                 self._flush(i)
-                zeros = torch.zeros_like(p)
+                home = self.exchange.home(i, self.round)
+                zeros = home.zero_() if home is not None else torch.zeros_like(p)
                 if i not in self._globally_unused:
                     p.grad = zeros
                 self.exchange.mark_ready(i, zeros, self.round)

@@ -36,16 +36,43 @@ class _Round:
 
     index: int
     plan: Plan
+    layout: _Layout
     launched: int = 0
     done: list[bool] = field(default_factory=list)
     remaining: dict[int, int] = field(default_factory=dict)  # tensor -> slices not yet reduced
     in_flight: int = 0
 
 
+class _Layout:
+    """Fusion buffers of one plan. A fused message made of whole tensors of one dtype gets a
+    flat buffer, and those tensors' gradients live in it as views ("homes"), so the message
+    is reduced in place: no copy in at launch, no copy back at completion."""
+
+    def __init__(self, plan: Plan, index: dict[str, int], like: Sequence[torch.Tensor]) -> None:
+        self.plan = plan
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.homes: dict[int, torch.Tensor] = {}
+        for k, message in enumerate(plan.messages):
+            members = [index[name] for name, _, _ in message.slices]
+            whole = all(offset == 0 and numel == like[i].numel()
+                        for i, (_, offset, numel) in zip(members, message.slices))
+            kinds = {(like[i].dtype, like[i].device) for i in members}
+            if len(members) < 2 or not whole or len(kinds) != 1:
+                continue
+            dtype, device = kinds.pop()
+            buffer = torch.zeros(sum(like[i].numel() for i in members), dtype=dtype, device=device)
+            offset = 0
+            for i in members:
+                self.homes[i] = buffer[offset : offset + like[i].numel()].view_as(like[i])
+                offset += like[i].numel()
+            self.buffers[k] = buffer
+
+
 class Exchange:
     def __init__(
         self,
         tensors: Sequence[TensorSpec],
+        like: Sequence[torch.Tensor],
         plan: Plan,
         group: dist.ProcessGroup,
         world_size: int,
@@ -54,6 +81,8 @@ class Exchange:
     ) -> None:
         self.tensors = list(tensors)
         self.index = {t.name: i for i, t in enumerate(self.tensors)}
+        self.like = list(like)  # the parameters: shape, dtype and device of each gradient
+        self._layouts: dict[int, _Layout] = {}
         self.group = group
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -66,6 +95,7 @@ class Exchange:
         self.estimator = LinkEstimator()
         self._timer = CompletionTimer(self.estimator)
         self._plans: list[tuple[int, Plan]] = [(1, plan)]  # (first round, plan)
+        self.plans_adopted = 1
         self._rounds: dict[int, _Round] = {}
         self.error: BaseException | None = None
         self._closed = False
@@ -73,7 +103,21 @@ class Exchange:
         self._thread.start()
 
     # -- main thread ----------------------------------------------------------------------
+    def home(self, i: int, round_index: int) -> torch.Tensor | None:
+        """Where gradient ``i`` must be handed over in round ``round_index``, if anywhere."""
+        return self._layout(self.plan_for(round_index)).homes.get(i)
+
+    def _layout(self, plan: Plan) -> _Layout:
+        layout = self._layouts.get(id(plan))
+        if layout is None or layout.plan is not plan:
+            self._layouts = {k: v for k, v in self._layouts.items() if any(v.plan is p for _, p in self._plans)}
+            layout = self._layouts[id(plan)] = _Layout(plan, self.index, self.like)
+        return layout
+
     def mark_ready(self, i: int, grad: torch.Tensor, round_index: int) -> None:
+        home = self.home(i, round_index)
+        if home is not None and grad is not home:
+            raise RuntimeError(f"internal: gradient of {self.tensors[i].name!r} was not handed over in its buffer")
         with self.cond:
             if self.reduced_round[i] < self.ready_round[i]:
                 raise GradschedError(
@@ -88,11 +132,8 @@ class Exchange:
         """Use ``plan`` from round ``first_round`` on (agreed by all ranks beforehand)."""
         with self.cond:
             self._plans.append((first_round, plan))
+            self.plans_adopted += 1
             self.cond.notify_all()
-
-    @property
-    def plans_adopted(self) -> int:
-        return len(self._plans)
 
     def plan_for(self, round_index: int) -> Plan:
         return max((p for p in self._plans if p[0] <= round_index), key=lambda p: p[0])[1]
@@ -153,7 +194,8 @@ class Exchange:
                         state.in_flight += 1
                         idle = state.in_flight == 1
                         views = [self._view(name, offset, numel) for name, offset, numel in message.slices]
-                    self._launch(state, k, message, views, idle)
+                        fused = state.layout.buffers.get(k)
+                    self._launch(state, k, message, views, idle, fused)
                 round_index += 1
         except BaseException as exc:  # noqa: BLE001 - reported to the main thread
             with self.cond:
@@ -162,7 +204,9 @@ class Exchange:
 
     def _start_round(self, round_index: int) -> _Round:
         plan = self.plan_for(round_index)
-        state = _Round(round_index, plan, done=[False] * len(plan.messages))
+        # plans that took effect before this round's are no longer needed
+        self._plans = [(first, p) for first, p in self._plans if first > round_index or p is plan]
+        state = _Round(round_index, plan, self._layout(plan), done=[False] * len(plan.messages))
         for message in plan.messages:
             for name, _, _ in message.slices:
                 i = self.index[name]
@@ -184,11 +228,15 @@ class Exchange:
         grad = self.grads[self.index[name]]
         return grad.view(-1)[offset : offset + numel]
 
-    def _launch(self, state: _Round, k: int, message: PlannedMessage, views: list[torch.Tensor], idle: bool) -> None:
-        if len(views) == 1:
+    def _launch(self, state: _Round, k: int, message: PlannedMessage, views: list[torch.Tensor], idle: bool,
+                fused: torch.Tensor | None) -> None:
+        if fused is not None:  # the gradients already live in the message's buffer
+            buffers = [fused]
+            groups = None
+        elif len(views) == 1:
             buffers = [views[0]]
             groups = None
-        else:  # fuse per dtype: one collective per dtype, in a fixed order
+        else:  # copy into one buffer per dtype: one collective per dtype, in a fixed order
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for view in views:
                 by_dtype.setdefault(view.dtype, []).append(view)

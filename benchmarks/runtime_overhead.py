@@ -1,0 +1,117 @@
+"""The runtime's overhead against DDP on loopback (no bandwidth limit), real processes.
+
+    python benchmarks/runtime_overhead.py [--ranks 2] [--iters 30] [--warmup 8] [--width 1024] [--depth 6]
+
+Starts the ranks itself (gloo over 127.0.0.1, one thread each). Every rank trains the same
+MLP with DDP and with each policy, alternating in blocks so that drift hits all alike,
+and rank 0 prints the median iteration time of each and its ratio to DDP's.
+Loopback has no bandwidth limit, so this measures cost, not scheduling gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+POLICIES = ["fifo", "priority", "bytescheduler", "prophet"]
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradsched
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+
+    def make():
+        torch.manual_seed(0)
+        layers = [nn.Linear(256, args.width), nn.ReLU()]
+        for _ in range(args.depth - 2):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        layers.append(nn.Linear(args.width, 10))
+        return nn.Sequential(*layers)
+
+    x = torch.randn(args.batch, 256)
+    y = torch.randint(0, 10, (args.batch,))
+    times: dict[str, list[float]] = {name: [] for name in ["ddp", *POLICIES]}
+    runners = {}
+    for name in times:
+        model = make()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if name == "ddp":
+            runners[name] = (DDP(model), opt)
+        else:
+            runners[name] = gradsched.wrap(model, opt, name)
+
+    def iteration(model, opt):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for name, (model, opt) in runners.items():
+        for _ in range(args.warmup):
+            iteration(model, opt)
+    block = 5
+    for _ in range(0, args.iters, block):
+        for name, (model, opt) in runners.items():
+            dist.barrier()
+            for _ in range(block):
+                t0 = time.perf_counter()
+                iteration(model, opt)
+                times[name].append(time.perf_counter() - t0)
+    for name, (model, opt) in runners.items():
+        if name != "ddp":
+            opt.close()
+    if rank == 0:
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        print(json.dumps(medians))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(args.ranks):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]], env=env,
+                                      stdout=subprocess.PIPE, text=True))
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("a rank failed")
+    medians = json.loads(outputs[0].strip().splitlines()[-1])
+    params = (256 * args.width + args.width) + (args.depth - 2) * (args.width**2 + args.width) + args.width * 10 + 10
+    print(f"{args.ranks} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args.batch}, "
+          f"median of {args.iters} iterations")
+    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}")
+    for name, seconds in medians.items():
+        print(f"  {name:14s} {seconds * 1e3:8.2f} {seconds / medians['ddp']:6.3f}x")
+
+
+if __name__ == "__main__":
+    main()
