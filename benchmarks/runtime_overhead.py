@@ -1,10 +1,12 @@
 """The runtime's overhead against DDP on loopback (no bandwidth limit), real processes.
 
-    python benchmarks/runtime_overhead.py [--ranks 2] [--iters 30] [--warmup 8] [--width 1024] [--depth 6]
+    python benchmarks/runtime_overhead.py [--ranks 2] [--iters 40] [--repeats 3] [--width 1024] [--depth 6]
 
 Starts the ranks itself (gloo over 127.0.0.1, one thread each). Every rank trains the same
-MLP with DDP and with each policy, alternating in blocks so that drift hits all alike,
-and rank 0 prints the median iteration time of each and its ratio to DDP's.
+MLP with DDP and with each policy, alternating every two iterations so that drift hits all
+alike; each repeat is a fresh set of processes. Printed: the median over repeats of each
+run's median iteration time, its ratio to DDP's, and the plan each policy ended up using
+(after its measured prediction against DDP-style buckets).
 Loopback has no bandwidth limit, so this measures cost, not scheduling gain.
 """
 
@@ -62,7 +64,7 @@ def worker(args: argparse.Namespace) -> None:
     for name, (model, opt) in runners.items():
         for _ in range(args.warmup):
             iteration(model, opt)
-    block = 5
+    block = 2
     for _ in range(0, args.iters, block):
         for name, (model, opt) in runners.items():
             dist.barrier()
@@ -70,28 +72,18 @@ def worker(args: argparse.Namespace) -> None:
                 t0 = time.perf_counter()
                 iteration(model, opt)
                 times[name].append(time.perf_counter() - t0)
+    stats = {}
     for name, (model, opt) in runners.items():
         if name != "ddp":
+            stats[name] = opt.stats
             opt.close()
     if rank == 0:
         medians = {name: statistics.median(ts) for name, ts in times.items()}
-        print(json.dumps(medians))
+        print(json.dumps({"medians": medians, "stats": stats}))
     dist.destroy_process_group()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
+def launch(args: argparse.Namespace) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -104,13 +96,42 @@ def main() -> None:
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("a rank failed")
-    medians = json.loads(outputs[0].strip().splitlines()[-1])
+    return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--depth", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    runs = []
+    for repeat in range(args.repeats):
+        runs.append(launch(args))
+        print(f"repeat {repeat + 1}/{args.repeats}: " + ", ".join(
+            f"{k} {v * 1e3:.1f}" for k, v in runs[-1]["medians"].items()), file=sys.stderr, flush=True)
+    medians = {name: statistics.median(r["medians"][name] for r in runs) for name in runs[0]["medians"]}
+    stats = runs[-1]["stats"]
     params = (256 * args.width + args.width) + (args.depth - 2) * (args.width**2 + args.width) + args.width * 10 + 10
     print(f"{args.ranks} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args.batch}, "
-          f"median of {args.iters} iterations")
-    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}")
+          f"median over {args.repeats} runs of the median of {args.iters} iterations")
+    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}  plan in use (predicted ms: policy / fifo)")
     for name, seconds in medians.items():
-        print(f"  {name:14s} {seconds * 1e3:8.2f} {seconds / medians['ddp']:6.3f}x")
+        note = ""
+        if name in stats:
+            pred = stats[name].get("prediction")
+            guess = f" ({pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ""
+            note = f"  {stats[name]['plan_policy']}{guess}"
+        print(f"  {name:14s} {seconds * 1e3:8.2f} {seconds / medians['ddp']:6.3f}x{note}")
+
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ class RuntimeConfig:
     profile_rounds: int = 3  # backward passes timed (after the first) before the first measured plan
     replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
     timeout_s: float = 300.0  # give up on a stuck or dead rank after this long
+    fallback: bool = True  # use DDP-style buckets when the policy is not predicted to beat them
+    fallback_gain: float = 0.02  # ... by at least this fraction of the iteration time
     trace: str | None = None  # write a Chrome trace of this rank's run here (".rank{N}" is added)
 
     def __post_init__(self) -> None:
@@ -21,6 +23,8 @@ class RuntimeConfig:
             raise ValueError(f"profile_rounds must be >= 1, got {self.profile_rounds}")
         if self.replan_every < 0:
             raise ValueError(f"replan_every must be >= 0 (0: never), got {self.replan_every}")
+        if not 0.0 <= self.fallback_gain < 1.0:
+            raise ValueError(f"fallback_gain must be in [0, 1), got {self.fallback_gain}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
 

@@ -22,10 +22,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.base import PolicyConfig
+from ..core.policies import FifoConfig
 from ..core.task import TensorSpec
+from ..sim import Cluster, simulate
 from ..sim.plan import default_ready_times, make_plan
 from .config import RuntimeConfig
 from .exchange import Exchange, GradschedError
+from .profiling import RoundTiming, measured_table
 from .tracing import RunTrace
 
 Snapshot = list[dict[str, Any]]  # hyper-parameters of every group at step() time
@@ -68,11 +71,11 @@ class Coordinator:
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
         self._new_round = True  # the next gradient starts a new round
         self._no_sync = 0
-        self._round_started_at = 0.0
         self._pending_update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update with
         self._pending_zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated
-        self._round_times: dict[str, float] = {}  # ready time of each gradient in the open round
-        self._profiled_rounds: list[dict[str, float]] = []
+        self._timing = RoundTiming()  # of the latest forward pass and the backward pass after it
+        self._timings: list[RoundTiming] = []  # of the latest closed rounds
+        self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
         self._globally_unused: set[int] = set()
         self._controlled: set[int] = set()
         self._ran: set[int] = set()  # modules whose forward ran since the root's
@@ -99,7 +102,11 @@ class Coordinator:
                 for i in idx:
                     self._owners.setdefault(i, []).append(module)
         self._module_params = module_params
+        module_names = {m: n for n, m in self.model.named_modules()}
+        self._module_name = {m: module_names[m] for m in module_params}
+        self._owner_names = {module_names[m]: [self.names[i] for i in idx] for m, idx in module_params.items()}
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
+        self._handles.append(self.model.register_forward_hook(self._after_root))
         for module in module_params:
             self._handles.append(module.register_forward_pre_hook(self._before_module))
         self._handles.append(self.model.register_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
@@ -117,14 +124,14 @@ class Coordinator:
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use optimizer.no_sync() for backward passes that should not communicate"
             )
-        home = self.exchange.home(i, self.round)
+        home = self._homes.get(i)
         if home is not None:
             if p.grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
                 home.copy_(p.grad)
                 p.grad = home
         elif not p.grad.is_contiguous():
             p.grad = p.grad.contiguous()
-        self._round_times[self.names[i]] = now - self._round_started_at
+        self._timing.ready[self.names[i]] = now
         if self.trace:
             self.trace.instant("ready", self.names[i], now)
         self.exchange.mark_ready(i, p.grad, self.round)
@@ -133,8 +140,7 @@ class Coordinator:
         self.round += 1
         self._new_round = False
         self._round_open = True
-        self._round_started_at = now
-        self._round_times = {}
+        self._homes = self.exchange.homes(self.round)
 
     def _before_root(self, module: nn.Module, args: Any) -> None:
         if self._closed:
@@ -148,14 +154,25 @@ class Coordinator:
             self._broadcast_buffers()
         self._ran.clear()
         self._new_round = True
+        self._timing = RoundTiming(forward_start=time.perf_counter())
+
+    def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._timing.forward_end = time.perf_counter()
 
     def _before_module(self, module: nn.Module, args: Any) -> None:
         if self._closed:
             return
         self._ran.add(id(module))
+        name = self._module_name[module]
+        first = name not in self._timing.module_starts
+        entered = time.perf_counter()
+        if first:
+            self._timing.module_starts[name] = entered
         idx = self._module_params[module]
         if any(i in self._pending_update or i in self._pending_zero for i in idx):
             self._wait_and_apply(idx, f"module {type(module).__name__}")
+            if first:
+                self._timing.module_waits[name] = time.perf_counter() - entered
 
     # -- rounds ---------------------------------------------------------------------------
     def _close_round(self) -> None:
@@ -164,7 +181,7 @@ class Coordinator:
         if not self._round_open:
             return
         self._round_open = False
-        self._profiled_rounds = (self._profiled_rounds + [self._round_times])[-(self.config.profile_rounds + 1) :]
+        self._timings = (self._timings + [self._timing])[-(self.config.profile_rounds + 1) :]
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
         if missing and not self.config.find_unused_parameters:
             names = [self.names[i] for i in missing[:5]]
@@ -185,7 +202,7 @@ class Coordinator:
             for i in missing:
                 p = self.params[i]
                 self._flush(i)
-                home = self.exchange.home(i, self.round)
+                home = self._homes.get(i)
                 zeros = home.zero_() if home is not None else torch.zeros_like(p)
                 if i not in self._globally_unused:
                     p.grad = zeros
@@ -302,26 +319,51 @@ class Coordinator:
         if self.world_size > 1:
             with _failing_rank("agreeing on a new plan"):
                 dist.broadcast_object_list(proposal, src=0, group=self.groups["control"])
-        if proposal[0] is not None:
-            self.exchange.set_plan(proposal[0], r + 1)
+        if proposal[0] is None:
+            return
+        plan, self.prediction = proposal[0]
+        if plan is not None:
+            self.exchange.set_plan(plan, r + 1)
 
-    def _propose_plan(self):
-        rounds = self._profiled_rounds[1:][-self.config.profile_rounds :]  # the first round warms up
-        if not rounds:
+    def _propose_plan(self) -> tuple[Any, dict[str, Any] | None] | None:
+        """Rank 0: a plan from the latest measured rounds (the first round warms up), and
+        whether the policy is predicted to beat DDP-style buckets on this model and link."""
+        timings = [t for t in self._timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
+        if not timings:
             return None
         ready = {}
         for name in self.names:
-            times = sorted(rnd[name] for rnd in rounds if name in rnd)
-            if times:
-                ready[name] = times[len(times) // 2]
-        if len(ready) != len(self.names):
-            return None
+            offsets = sorted(t.ready[name] - min(t.ready.values()) for t in timings)
+            ready[name] = offsets[len(offsets) // 2]
         est = self.exchange.estimator
-        if not est.ready or est.seconds_per_byte <= 0:
-            return make_plan(self.tensors, ready, self.policy)
-        plan = make_plan(self.tensors, ready, self.policy, est.latency, est.seconds_per_byte)
+        measured = est.ready and est.seconds_per_byte > 0
+        link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
+        policy, prediction = self.policy, None
+        if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
+            prediction = self._predict(timings, est.latency, est.seconds_per_byte, est.per_message)
+            if prediction and prediction["use_fifo"]:
+                policy = FifoConfig()
+        plan = make_plan(self.tensors, ready, policy, *link)
         current = self.exchange.plan_for(self.round + 1)
-        return None if plan.messages == current.messages else plan
+        if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
+            return None, prediction
+        return plan, prediction
+
+    def _predict(
+        self, timings: list[RoundTiming], latency: float, per_byte: float, overhead: float
+    ) -> dict[str, Any] | None:
+        """Simulate the measured model under the policy and under fifo on the measured link."""
+        sizes = {name: (p.numel(), p.element_size()) for name, p in zip(self.names, self.params)}
+        table = measured_table(timings, self._owner_names, sizes)
+        if table is None:
+            return None
+        n = self.world_size
+        cluster = Cluster(n, bandwidth_bps=8.0 * 2 * (n - 1) / n / per_byte, latency_s=latency, overhead_s=overhead)
+        rounds = self.policy.build().warmup_iterations + 4
+        ours = simulate(table, cluster, self.policy, iterations=rounds, record=False).iteration_s
+        fifo = simulate(table, cluster, FifoConfig(), iterations=6, record=False).iteration_s
+        return {"policy_s": ours, "fifo_s": fifo, "compute_s": table.compute_s, "comm_s": table.gradient_bytes * per_byte,
+                "latency_s": latency, "overhead_s": overhead, "use_fifo": ours > fifo * (1.0 - self.config.fallback_gain)}
 
     # -- reporting and teardown ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -334,6 +376,8 @@ class Coordinator:
             "plans_adopted": self.exchange.plans_adopted,
             "link_latency_s": est.latency,
             "link_bytes_per_s": est.bytes_per_second,
+            "plan_policy": plan.policy,
+            "prediction": self.prediction,
         }
 
     def _broadcast_buffers(self) -> None:

@@ -87,7 +87,9 @@ class Exchange:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.on_event = on_event  # tracing: on_event(kind, **fields), called under the lock
-        self.cond = threading.Condition()
+        self.cond = threading.Condition()  # main-thread waiters (reduced gradients)
+        self._launcher = threading.Condition(self.cond)  # the launcher, on the same lock
+        self._waiting: tuple | None = None  # what the launcher waits for, to wake it only then
         n = len(self.tensors)
         self.ready_round = [0] * n  # last round in which the gradient was handed over
         self.reduced_round = [0] * n  # last round whose reduction of the tensor completed
@@ -103,9 +105,9 @@ class Exchange:
         self._thread.start()
 
     # -- main thread ----------------------------------------------------------------------
-    def home(self, i: int, round_index: int) -> torch.Tensor | None:
-        """Where gradient ``i`` must be handed over in round ``round_index``, if anywhere."""
-        return self._layout(self.plan_for(round_index)).homes.get(i)
+    def homes(self, round_index: int) -> dict[int, torch.Tensor]:
+        """Where gradients must be handed over in round ``round_index`` (those fused in place)."""
+        return self._layout(self.plan_for(round_index)).homes
 
     def _layout(self, plan: Plan) -> _Layout:
         layout = self._layouts.get(id(plan))
@@ -115,9 +117,7 @@ class Exchange:
         return layout
 
     def mark_ready(self, i: int, grad: torch.Tensor, round_index: int) -> None:
-        home = self.home(i, round_index)
-        if home is not None and grad is not home:
-            raise RuntimeError(f"internal: gradient of {self.tensors[i].name!r} was not handed over in its buffer")
+        """Hand over gradient ``i`` of round ``round_index`` (in its home, if it has one)."""
         with self.cond:
             if self.reduced_round[i] < self.ready_round[i]:
                 raise GradschedError(
@@ -126,14 +126,17 @@ class Exchange:
                 )
             self.grads[i] = grad
             self.ready_round[i] = round_index
-            self.cond.notify_all()
+            waiting = self._waiting
+            if waiting is not None and (
+                waiting[0] == "round" or (waiting[1].index == round_index and self._launchable(*waiting[1:]))
+            ):
+                self._launcher.notify()
 
     def set_plan(self, plan: Plan, first_round: int) -> None:
         """Use ``plan`` from round ``first_round`` on (agreed by all ranks beforehand)."""
         with self.cond:
             self._plans.append((first_round, plan))
             self.plans_adopted += 1
-            self.cond.notify_all()
 
     def plan_for(self, round_index: int) -> Plan:
         return max((p for p in self._plans if p[0] <= round_index), key=lambda p: p[0])[1]
@@ -165,6 +168,7 @@ class Exchange:
         with self.cond:
             self._closed = True
             self.cond.notify_all()
+            self._launcher.notify_all()
         self._thread.join(timeout=5.0)
 
     def _raise_if_failed(self) -> None:
@@ -182,14 +186,18 @@ class Exchange:
                     while not any(r >= round_index for r in self.ready_round):
                         if self._closed or self.error is not None:
                             return
-                        self.cond.wait()
+                        self._waiting = ("round",)
+                        self._launcher.wait()
+                    self._waiting = None
                     state = self._start_round(round_index)
                 for k, message in enumerate(state.plan.messages):
                     with self.cond:
                         while not self._launchable(state, k, message):
                             if self._closed or self.error is not None:
                                 return
-                            self.cond.wait()
+                            self._waiting = ("message", state, k, message)
+                            self._launcher.wait()
+                        self._waiting = None
                         state.launched = k + 1
                         state.in_flight += 1
                         idle = state.in_flight == 1
@@ -269,6 +277,7 @@ class Exchange:
             with self.cond:
                 self.error = exc
                 self.cond.notify_all()
+                self._launcher.notify_all()
             return
         with self.cond:
             state.done[k] = True
@@ -282,3 +291,4 @@ class Exchange:
             if self.on_event:
                 self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)
             self.cond.notify_all()
+            self._launcher.notify_all()

@@ -43,6 +43,7 @@ def wrap(
     replan_every: int = 50,
     timeout: float = 300.0,
     trace: str | None = None,
+    fallback: bool = True,
 ) -> tuple[nn.Module, ScheduledOptimizer]:
     """Schedule ``model``'s gradient communication with ``policy`` and apply ``optimizer``
     per parameter. Returns the same model (with hooks attached) and the optimizer to use.
@@ -61,6 +62,9 @@ def wrap(
         timeout: seconds after which a stuck or dead rank makes the others fail.
         trace: write a Chrome trace of this rank to this path (``.rank{N}`` is inserted)
             when the optimizer is closed.
+        fallback: at each re-planning point, simulate the measured model under the policy
+            and under DDP-style buckets (fifo), and use the buckets unless the policy is
+            predicted to be at least 2% faster: never meaningfully slower than DDP.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise GradschedError(
@@ -81,8 +85,9 @@ def wrap(
         raise ValueError(f"unknown policy {policy!r}; choose from: {', '.join(POLICIES)}")
     config = policy_config(policy, **(policy_options or {}))
     runtime = RuntimeConfig(
-        find_unused_parameters, broadcast_buffers, broadcast_parameters, profile_rounds, replan_every,
-        float(timeout), trace,
+        find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
+        broadcast_parameters=broadcast_parameters, profile_rounds=profile_rounds, replan_every=replan_every,
+        timeout_s=float(timeout), fallback=fallback, trace=trace,
     )
 
     names, params = _trainable(model)

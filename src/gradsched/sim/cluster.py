@@ -22,6 +22,7 @@ class Cluster:
     latency_s: float = 50e-6  # per message
     arch: str = "allreduce"
     servers: int = 0  # ps only; 0 = as many as workers
+    overhead_s: float = 0.0  # per message, serial: link time no pipelining hides (framework, launch)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -30,6 +31,8 @@ class Cluster:
             raise ValueError(f"bandwidth must be > 0, got {self.bandwidth_bps!r} bit/s")
         if not self.latency_s >= 0:
             raise ValueError(f"latency must be >= 0, got {self.latency_s!r} s")
+        if not self.overhead_s >= 0:
+            raise ValueError(f"message overhead must be >= 0, got {self.overhead_s!r} s")
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.arch!r}; choose from: {', '.join(ARCHITECTURES)}")
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 0:
@@ -61,9 +64,10 @@ class Cluster:
 
     def describe(self) -> str:
         arch = self.arch if self.arch == "allreduce" else f"ps ({self.num_servers} servers)"
+        overhead = f" · overhead {format_duration(self.overhead_s)}/message" if self.overhead_s else ""
         return (
             f"{self.workers} workers · {arch} · {format_bandwidth(self.bandwidth_bps)} · "
-            f"latency {format_duration(self.latency_s)}"
+            f"latency {format_duration(self.latency_s)}{overhead}"
         )
 
 

@@ -3,8 +3,9 @@
 Default model (documented in docs/simulator.md):
 
 * one link per worker; messages are served in launch order (FIFO) and never preempted;
-* a message of ``b`` bytes occupies the link for ``b * seconds_per_byte`` (bytes are
-  serialised at full bandwidth) and completes ``latency`` after its last byte left. The
+* a message of ``b`` bytes occupies the link for ``overhead + b * seconds_per_byte`` (bytes
+  are serialised at full bandwidth; ``overhead``, 0 by default, is a per-message cost that
+  no pipelining hides) and completes ``latency`` after its last byte left. The
   latency of one message overlaps the transfer of the next, as when several collectives
   are in flight, so a window of several messages keeps the link busy where one message
   at a time leaves it idle for ``latency`` after each;
@@ -41,14 +42,15 @@ class Network:
 
     lanes: tuple[str, ...] = ("link",)
 
-    def __init__(self, latency_s: float, seconds_per_byte: float) -> None:
+    def __init__(self, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0) -> None:
         self.latency = latency_s
         self.per_byte = seconds_per_byte
+        self.overhead = overhead_s
         self.free = {lane: 0.0 for lane in self.lanes}
 
     def _serve(self, lane: str, nbytes: int, at: float) -> Segment:
         start = max(at, self.free[lane])
-        end = start + nbytes * self.per_byte
+        end = start + self.overhead + nbytes * self.per_byte
         self.free[lane] = end
         return Segment(lane, start, end)
 
@@ -68,4 +70,4 @@ class PushPull(Network):
 
 def make_network(cluster: Cluster) -> Network:
     kind = PushPull if cluster.arch == "ps" else Network
-    return kind(cluster.latency_s, cluster.seconds_per_byte)
+    return kind(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s)

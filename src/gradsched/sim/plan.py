@@ -79,9 +79,11 @@ def make_plan(
     policy: PolicyConfig,
     latency_s: float = DEFAULT_LATENCY_S,
     seconds_per_byte: float = DEFAULT_SECONDS_PER_BYTE,
+    overhead_s: float = 0.0,
 ) -> Plan:
     """Run ``policy`` on one backward pass with the given ready times (seconds from the first
-    ready gradient) over a FIFO link with the given latency and cost per payload byte.
+    ready gradient) over a FIFO link with the given latency, cost per payload byte and
+    serial cost per message (see :mod:`gradsched.sim.network`).
 
     The engine first runs the policy's warm-up rounds (Prophet profiles them), so the plan
     is what the policy does in steady state. Ties keep the order of ``ready``.
@@ -90,11 +92,11 @@ def make_plan(
     if missing:
         raise ValueError(f"no ready time for {len(missing)} tensors, e.g. {missing[:3]}")
     engine = Scheduler(tensors, policy.build())
-    network = Network(latency_s, seconds_per_byte)
+    network = Network(latency_s, seconds_per_byte, overhead_s)
     order = sorted(ready, key=ready.__getitem__)
     first = min(ready.values())
     total = sum(t.nbytes for t in tensors)
-    period = (max(ready.values()) - first) + total * seconds_per_byte + latency_s * (engine.n_leaves + 1) + 1.0
+    period = (max(ready.values()) - first) + total * seconds_per_byte + (latency_s + overhead_s) * (engine.n_leaves + 1) + 1.0
     rounds = engine.policy.warmup_iterations + 1
     planned: list[PlannedMessage] = []
     for round_index in range(rounds):
