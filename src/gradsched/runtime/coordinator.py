@@ -57,6 +57,7 @@ class Coordinator:
         self.rank = rank
         self.world_size = world_size
         self.index = {id(p): i for i, p in enumerate(self.params)}
+        self._cuda = any(p.is_cuda for p in self.params)
         self.tensors = [
             TensorSpec(name, p.numel(), layer=i, priority=i, element_size=p.element_size())
             for i, (name, p) in enumerate(zip(self.names, self.params))
@@ -263,6 +264,8 @@ class Coordinator:
     def _wait_and_apply(self, indices: Sequence[int], what: str) -> None:
         started = time.perf_counter()
         self.exchange.wait_reduced(list(indices), what)
+        if self._cuda:  # the CPU has seen the reductions; the GPU must see them before the update
+            self.exchange.order_after_reduction(range(len(self.params)))
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
         reduced = [i for i in list(self._pending_update) + list(self._pending_zero) if not self.exchange.in_flight(i)]

@@ -40,6 +40,8 @@ class _Round:
     launched: int = 0
     done: list[bool] = field(default_factory=list)
     remaining: dict[int, int] = field(default_factory=dict)  # tensor -> slices not yet reduced
+    messages_of: dict[int, list[int]] = field(default_factory=dict)  # tensor -> messages carrying it
+    futures: dict[int, torch.futures.Future] = field(default_factory=dict)  # message -> result ready
     in_flight: int = 0
 
 
@@ -164,6 +166,17 @@ class Exchange:
                     )
                 self.cond.wait(min(left, 1.0))
 
+    def order_after_reduction(self, indices: Sequence[int]) -> None:
+        """Make the current stream wait for the reductions of these (reduced) gradients. A
+        no-op on CPU; on CUDA, NCCL results are ordered by stream, not by the CPU seeing them."""
+        waited = set()
+        for i in indices:
+            state = self._rounds.get(self.ready_round[i])
+            for k in state.messages_of.get(i, ()) if state else ():
+                if (state.index, k) not in waited and k in state.futures:
+                    waited.add((state.index, k))
+                    state.futures[k].wait()
+
     def close(self) -> None:
         with self.cond:
             self._closed = True
@@ -179,6 +192,9 @@ class Exchange:
     def _run(self) -> None:
         round_index = 1
         try:
+            cuda = next((t.device for t in self.like if t.is_cuda), None)
+            if cuda is not None:  # collectives and copies of this thread go to that device
+                torch.cuda.set_device(cuda)
             while True:
                 with self.cond:
                     # Choose the round's plan only once the round has begun here: a plan
@@ -215,10 +231,11 @@ class Exchange:
         # plans that took effect before this round's are no longer needed
         self._plans = [(first, p) for first, p in self._plans if first > round_index or p is plan]
         state = _Round(round_index, plan, self._layout(plan), done=[False] * len(plan.messages))
-        for message in plan.messages:
+        for k, message in enumerate(plan.messages):
             for name, _, _ in message.slices:
                 i = self.index[name]
                 state.remaining[i] = state.remaining.get(i, 0) + 1
+                state.messages_of.setdefault(i, []).append(k)
         self._rounds[round_index] = state
         self._rounds.pop(round_index - 2, None)
         return state
@@ -258,7 +275,8 @@ class Exchange:
         if self.on_event:
             self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at)
         futures = torch.futures.collect_all([w.get_future() for w in works])
-        futures.add_done_callback(
+        # then(): the returned future also covers the copy back, in CUDA stream order
+        state.futures[k] = futures.then(
             lambda fut: self._finished(fut, state, k, message, buffers, groups, launched_at, idle)
         )
 
