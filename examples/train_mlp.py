@@ -53,7 +53,7 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 
     optimizer.synchronize()  # apply the last updates before reading parameters directly
-    checksum = torch.tensor([sum(float(p.double().sum()) for p in model.parameters())], dtype=torch.float64)
+    checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in model.parameters())], dtype=torch.float64)
     everyone = [torch.zeros_like(checksum) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, checksum.to(device) if cuda else checksum)
     if rank == 0:

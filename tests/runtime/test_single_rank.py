@@ -116,7 +116,11 @@ def test_trace_is_written_per_rank(world_of_one, tmp_path):
     opt.close()
     events = json.loads((tmp_path / "run.rank0.json").read_text())["traceEvents"]
     kinds = {e.get("cat") for e in events}
-    assert {"message", "ready", "update"} <= kinds
+    assert {"message", "forward", "backward", "update"} <= kinds
+    forward = [e["name"] for e in events if e.get("cat") == "forward"][:3]
+    assert forward == ["0", "2", "4"]  # the Linear layers of the Sequential, in order
+    messages = [e for e in events if e.get("cat") == "message"]
+    assert all(e["dur"] >= 0 and e["args"]["tensors"] for e in messages)
 
 
 def test_wrap_needs_an_initialised_process_group():

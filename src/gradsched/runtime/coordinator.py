@@ -83,6 +83,7 @@ class Coordinator:
         self._owners: dict[int, list[nn.Module]] = {}
         self._orphans: list[int] = []  # parameters used outside the modules that own them
         self._handles: list[Any] = []
+        self._tracing_module: tuple[str, float] | None = None
         self._closed = False
         self._broken = False
         self._attach()
@@ -134,7 +135,7 @@ class Coordinator:
             p.grad = p.grad.contiguous()
         self._timing.ready[self.names[i]] = now
         if self.trace:
-            self.trace.instant("ready", self.names[i], now)
+            self.trace.ready(self.round, self.names[i], now, backward_from=self._timing.forward_end)
         self.exchange.mark_ready(i, p.grad, self.round)
 
     def _start_round(self, now: float) -> None:
@@ -159,6 +160,15 @@ class Coordinator:
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
         self._timing.forward_end = time.perf_counter()
+        if self.trace:
+            self._trace_forward(self._timing.forward_end)
+
+    def _trace_forward(self, now: float) -> None:
+        """Close the forward span of the module that ran last."""
+        if self._tracing_module is not None:
+            name, start = self._tracing_module
+            self.trace.span("forward", name, start, now)
+            self._tracing_module = None
 
     def _before_module(self, module: nn.Module, args: Any) -> None:
         if self._closed:
@@ -171,9 +181,13 @@ class Coordinator:
             self._timing.module_starts[name] = entered
         idx = self._module_params[module]
         if any(i in self._pending_update or i in self._pending_zero for i in idx):
-            self._wait_and_apply(idx, f"module {type(module).__name__}")
+            self._wait_and_apply(idx, f"module {name}")
             if first:
                 self._timing.module_waits[name] = time.perf_counter() - entered
+        if self.trace:
+            now = time.perf_counter()
+            self._trace_forward(entered)
+            self._tracing_module = (name or type(module).__name__, now)
 
     # -- rounds ---------------------------------------------------------------------------
     def _close_round(self) -> None:

@@ -273,7 +273,8 @@ class Exchange:
             buffer.div_(self.world_size)
             works.append(dist.all_reduce(buffer, group=self.group, async_op=True))
         if self.on_event:
-            self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at)
+            self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at,
+                          names=[name for name, _, _ in message.slices])
         futures = torch.futures.collect_all([w.get_future() for w in works])
         # then(): the returned future also covers the copy back, in CUDA stream order
         state.futures[k] = futures.then(
