@@ -97,7 +97,7 @@ def run_pair(make, scenario, rank, steps=6, **wrap_kwargs):
         model = make()
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         model, opt = gradsched.wrap(model, opt, policy, policy_options=OPTIONS[policy], profile_rounds=2,
-                                    replan_every=2, **wrap_kwargs)
+                                    replan_every=2, fallback=False, **wrap_kwargs)
         for step, batch in enumerate(data(rank, steps, tokens=isinstance(model, Tied))):
             scenario(model, model, opt, batch, step, rank, wrapped=True)
         opt.synchronize()
@@ -147,7 +147,7 @@ def frozen() -> nn.Module:
 def checkpoint(rank: int) -> dict:
     """Save after 3 of 8 steps; resume (a) wrapped, (b) into a plain optimizer under DDP."""
     batches = data(rank, 8)
-    options = dict(policy_options=OPTIONS["prophet"], profile_rounds=2, replan_every=2)
+    options = dict(policy_options=OPTIONS["prophet"], profile_rounds=2, replan_every=2, fallback=False)
     torch.manual_seed(0)
     model = Plain()
     model, opt = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-2), "prophet", **options)

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--optimizers", default="sgd,adam,adamw-groups")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--delays", action="store_true")
+    parser.add_argument("--fallback", action="store_true", help="allow falling back to fifo plans")
     parser.add_argument("--no-ddp", action="store_true", help="skip the DDP reference (it crashes under "
                         "TORCH_DISTRIBUTED_DEBUG=DETAIL in this torch build); ranks are compared with each other")
     args = parser.parse_args()
@@ -111,7 +112,7 @@ def main() -> None:
                 slow_backward(model, rank, seed=len(report))
             opt, _ = make_optimizer(kind, model)
             model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy],
-                                        profile_rounds=2, replan_every=2)
+                                        profile_rounds=2, replan_every=2, fallback=args.fallback)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
             train(model, opt, sched, data)
             opt.synchronize()
@@ -123,6 +124,7 @@ def main() -> None:
             opt.close()
             report[f"{policy}/{kind}"] = {"max_abs_diff": None if args.no_ddp else diff, "moved": moved,
                                           "plans_adopted": stats["plans_adopted"], "rounds": stats["rounds"],
+                                          "plan_policy": stats["plan_policy"], "prediction": stats["prediction"],
                                           "checksum": [float(t.double().sum()) for t in final]}
     # every rank must hold identical parameters too
     gathered = [None] * dist.get_world_size()
