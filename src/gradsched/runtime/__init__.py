@@ -1,7 +1,7 @@
 """The PyTorch runtime: ``gradsched.wrap`` over torch.distributed all-reduce."""
 
 from .config import RuntimeConfig
-from .exchange import GradschedError
+from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
 from .wrap import wrap
 

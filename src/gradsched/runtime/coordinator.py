@@ -22,16 +22,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.base import PolicyConfig
-from ..core.policies import FifoConfig
 from ..core.task import TensorSpec
-from ..sim import Cluster, simulate
 from ..sim.plan import default_ready_times, make_plan
 from .config import RuntimeConfig
-from .exchange import Exchange, GradschedError
-from .profiling import RoundTiming, measured_table
+from .errors import GradschedError, failing_rank
+from .exchange import Exchange
+from .planning import Planner
+from .profiling import RoundTiming
 from .tracing import RunTrace
-
-Snapshot = list[dict[str, Any]]  # hyper-parameters of every group at step() time
+from .updates import DeferredUpdates, clear_grad
 
 
 class Coordinator:
@@ -57,7 +56,6 @@ class Coordinator:
         self.rank = rank
         self.world_size = world_size
         self.index = {id(p): i for i, p in enumerate(self.params)}
-        self._cuda = any(p.is_cuda for p in self.params)
         self.tensors = [
             TensorSpec(name, p.numel(), layer=i, priority=i, element_size=p.element_size())
             for i, (name, p) in enumerate(zip(self.names, self.params))
@@ -72,13 +70,9 @@ class Coordinator:
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
         self._new_round = True  # the next gradient starts a new round
         self._no_sync = 0
-        self._pending_update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update with
-        self._pending_zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated
+        self.updates = DeferredUpdates(optimizer, self.params, self.names, self.exchange, self.trace)
         self._timing = RoundTiming()  # of the latest forward pass and the backward pass after it
-        self._timings: list[RoundTiming] = []  # of the latest closed rounds
-        self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
         self._globally_unused: set[int] = set()
-        self._controlled: set[int] = set()
         self._ran: set[int] = set()  # modules whose forward ran since the root's
         self._owners: dict[int, list[nn.Module]] = {}
         self._orphans: list[int] = []  # parameters used outside the modules that own them
@@ -106,7 +100,9 @@ class Coordinator:
         self._module_params = module_params
         module_names = {m: n for n, m in self.model.named_modules()}
         self._module_name = {m: module_names[m] for m in module_params}
-        self._owner_names = {module_names[m]: [self.names[i] for i in idx] for m, idx in module_params.items()}
+        owners = {module_names[m]: [self.names[i] for i in idx] for m, idx in module_params.items()}
+        self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
+                               self.groups["control"], self.rank, self.world_size)
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
         self._handles.append(self.model.register_forward_hook(self._after_root))
         for module in module_params:
@@ -151,7 +147,7 @@ class Coordinator:
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
         elif self._orphans:
-            self._wait_and_apply(self._orphans, "parameters used outside their modules")
+            self.updates.wait_and_apply(self._orphans, "parameters used outside their modules")
         if self.config.broadcast_buffers and self.world_size > 1:
             self._broadcast_buffers()
         self._ran.clear()
@@ -180,8 +176,8 @@ class Coordinator:
         if first:
             self._timing.module_starts[name] = entered
         idx = self._module_params[module]
-        if any(i in self._pending_update or i in self._pending_zero for i in idx):
-            self._wait_and_apply(idx, f"module {name}")
+        if any(self.updates.pending(i) for i in idx):
+            self.updates.wait_and_apply(idx, f"module {name}")
             if first:
                 self._timing.module_waits[name] = time.perf_counter() - entered
         if self.trace:
@@ -196,7 +192,7 @@ class Coordinator:
         if not self._round_open:
             return
         self._round_open = False
-        self._timings = (self._timings + [self._timing])[-(self.config.profile_rounds + 1) :]
+        self.planner.record(self._timing)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
         if missing and not self.config.find_unused_parameters:
             names = [self.names[i] for i in missing[:5]]
@@ -211,12 +207,12 @@ class Coordinator:
             flags = torch.zeros(len(self.params), dtype=torch.float64)
             flags[missing] = 1.0
             if self.world_size > 1:
-                with _failing_rank("agreeing on unused parameters"):
+                with failing_rank("agreeing on unused parameters"):
                     dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.groups["control"])
             self._globally_unused = {i for i in missing if flags[i].item() == 1.0}
             for i in missing:
                 p = self.params[i]
-                self._flush(i)
+                self.updates.flush(i)
                 home = self._homes.get(i)
                 zeros = home.zero_() if home is not None else torch.zeros_like(p)
                 if i not in self._globally_unused:
@@ -233,38 +229,28 @@ class Coordinator:
     # -- optimizer entry points -----------------------------------------------------------
     def step(self) -> None:
         self._close_round()
-        snapshot = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        if not self.exchange.plan_for(self.round).cross_barrier:
+        snapshot = self.updates.snapshot()
+        if not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
             self.synchronize()
-            self._apply_now(range(len(self.params)), snapshot)
+            self.updates.apply_now(range(len(self.params)), snapshot)
         else:
-            now_ready = []
-            for i, p in enumerate(self.params):
-                if p.grad is None or i in self._globally_unused:
-                    continue
-                self._pending_update[i] = snapshot
-                if not self.exchange.in_flight(i):
-                    now_ready.append(i)
-            self._apply(now_ready)
-        self._control_point()
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None and i not in self._globally_unused]
+            self.updates.request_step(with_grad, snapshot)
+        self.planner.control_point(self.round)
 
     def zero_grad(self, set_to_none: bool) -> None:
-        for i, p in enumerate(self.params):
-            if self.exchange.in_flight(i) or i in self._pending_update:
-                self._pending_zero[i] = set_to_none
-            else:
-                _clear(p, set_to_none)
+        self.updates.request_zero(set_to_none)
         # parameters the optimizer knows but gradsched does not communicate (frozen ones)
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if id(p) not in self.index:
-                    _clear(p, set_to_none)
+                    clear_grad(p, set_to_none)
 
     def synchronize(self) -> None:
         if self._closed:
             return
         self._close_round()
-        self._wait_and_apply(range(len(self.params)), "all parameters")
+        self.updates.wait_and_apply(range(len(self.params)), "all parameters")
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -273,114 +259,6 @@ class Coordinator:
             yield
         finally:
             self._no_sync -= 1
-
-    # -- applying updates -----------------------------------------------------------------
-    def _wait_and_apply(self, indices: Sequence[int], what: str) -> None:
-        started = time.perf_counter()
-        self.exchange.wait_reduced(list(indices), what)
-        if self._cuda:  # the CPU has seen the reductions; the GPU must see them before the update
-            self.exchange.order_after_reduction(range(len(self.params)))
-        if self.trace:
-            self.trace.span("wait", what, started, time.perf_counter())
-        reduced = [i for i in list(self._pending_update) + list(self._pending_zero) if not self.exchange.in_flight(i)]
-        self._apply(sorted(set(reduced)))
-
-    def _flush(self, i: int) -> None:
-        if i in self._pending_update or i in self._pending_zero:
-            self._wait_and_apply([i], f"parameter {self.names[i]!r}")
-
-    def _apply(self, indices: Sequence[int]) -> None:
-        """Apply pending updates (each with its own snapshot), then pending zeroing."""
-        by_snapshot: dict[int, tuple[Snapshot, list[int]]] = {}
-        for i in indices:
-            snapshot = self._pending_update.pop(i, None)
-            if snapshot is not None:
-                by_snapshot.setdefault(id(snapshot), (snapshot, []))[1].append(i)
-        for snapshot, members in by_snapshot.values():
-            self._apply_now(members, snapshot)
-        for i in indices:
-            set_to_none = self._pending_zero.pop(i, None)
-            if set_to_none is not None:
-                _clear(self.params[i], set_to_none)
-
-    def _apply_now(self, indices: Sequence[int], snapshot: Snapshot) -> None:
-        chosen = {id(self.params[i]) for i in indices}
-        if not chosen:
-            return
-        started = time.perf_counter()
-        saved = []
-        for group, values in zip(self.optimizer.param_groups, snapshot):
-            saved.append((group["params"], {k: group[k] for k in values}))
-            group["params"] = [p for p in group["params"] if id(p) in chosen]
-            group.update(values)
-        try:
-            self.optimizer.step()
-        finally:
-            for group, (params, values) in zip(self.optimizer.param_groups, saved):
-                group["params"] = params
-                group.update(values)
-        if self.trace:
-            self.trace.span("update", f"{len(chosen)} parameters", started, time.perf_counter())
-
-    # -- plans ------------------------------------------------------------------------------
-    def _control_point(self) -> None:
-        """At fixed rounds, rank 0 proposes a plan from its measurements and every rank
-        adopts it from the next round on: the same collective on every rank, same place."""
-        r = self.round
-        first = self.config.profile_rounds + 1
-        due = r == first or (self.config.replan_every and r > first and (r - first) % self.config.replan_every == 0)
-        if not due or r in self._controlled:
-            return
-        self._controlled.add(r)
-        proposal = [self._propose_plan() if self.rank == 0 else None]
-        if self.world_size > 1:
-            with _failing_rank("agreeing on a new plan"):
-                dist.broadcast_object_list(proposal, src=0, group=self.groups["control"])
-        if proposal[0] is None:
-            return
-        plan, self.prediction = proposal[0]
-        if plan is not None:
-            self.exchange.set_plan(plan, r + 1)
-
-    def _propose_plan(self) -> tuple[Any, dict[str, Any] | None] | None:
-        """Rank 0: a plan from the latest measured rounds (the first round warms up), and
-        whether the policy is predicted to beat DDP-style buckets on this model and link."""
-        timings = [t for t in self._timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
-        if not timings:
-            return None
-        ready = {}
-        for name in self.names:
-            offsets = sorted(t.ready[name] - min(t.ready.values()) for t in timings)
-            ready[name] = offsets[len(offsets) // 2]
-        est = self.exchange.estimator
-        measured = est.ready and est.seconds_per_byte > 0
-        link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
-        policy, prediction = self.policy, None
-        if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
-            prediction = self._predict(timings, est.latency, est.seconds_per_byte, est.per_message)
-            if prediction and prediction["use_fifo"]:
-                policy = FifoConfig()
-        plan = make_plan(self.tensors, ready, policy, *link)
-        current = self.exchange.plan_for(self.round + 1)
-        if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
-            return None, prediction
-        return plan, prediction
-
-    def _predict(
-        self, timings: list[RoundTiming], latency: float, per_byte: float, overhead: float
-    ) -> dict[str, Any] | None:
-        """Simulate the measured model under the policy and under fifo on the measured link."""
-        sizes = {name: (p.numel(), p.element_size()) for name, p in zip(self.names, self.params)}
-        table = measured_table(timings, self._owner_names, sizes)
-        if table is None:
-            return None
-        n = self.world_size
-        cluster = Cluster(n, bandwidth_bps=8.0 * 2 * (n - 1) / n / per_byte, latency_s=latency, overhead_s=overhead)
-        rounds = self.policy.build().warmup_iterations + 4
-        ours = simulate(table, cluster, self.policy, iterations=rounds, record=False).iteration_s
-        fifo = simulate(table, cluster, FifoConfig(), iterations=6, record=False).iteration_s
-        return {"policy_s": ours, "fifo_s": fifo, "compute_s": table.compute_s, "comm_s": table.gradient_bytes * per_byte,
-                "latency_s": latency, "overhead_s": overhead, "use_fifo": ours > fifo * (1.0 - self.config.fallback_gain)}
 
     # -- reporting and teardown ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -394,7 +272,7 @@ class Coordinator:
             "link_latency_s": est.latency,
             "link_bytes_per_s": est.bytes_per_second,
             "plan_policy": plan.policy,
-            "prediction": self.prediction,
+            "prediction": self.planner.prediction,
         }
 
     def _broadcast_buffers(self) -> None:
@@ -405,7 +283,7 @@ class Coordinator:
         for dtype in sorted(by_dtype, key=str):
             group = by_dtype[dtype]
             flat = torch.cat([b.detach().reshape(-1) for b in group])
-            with _failing_rank("broadcasting buffers"):
+            with failing_rank("broadcasting buffers"):
                 dist.broadcast(flat, src=0, group=self.groups["buffers"])
             offset = 0
             with torch.no_grad():
@@ -427,26 +305,3 @@ class Coordinator:
             self.exchange.close()
             if self.trace:
                 self.trace.save(self.config.trace)
-
-
-@contextmanager
-def _failing_rank(what: str) -> Iterator[None]:
-    try:
-        yield
-    except GradschedError:
-        raise
-    except RuntimeError as exc:  # gloo/NCCL report a dead or stuck peer as RuntimeError
-        raise GradschedError(f"{what} failed: another rank died or is unreachable ({exc})") from exc
-
-
-def _clear(p: torch.Tensor, set_to_none: bool) -> None:
-    if p.grad is None:
-        return
-    if set_to_none:
-        p.grad = None
-    else:
-        if p.grad.grad_fn is not None:
-            p.grad.detach_()
-        else:
-            p.grad.requires_grad_(False)
-        p.grad.zero_()

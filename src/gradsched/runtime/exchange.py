@@ -24,10 +24,7 @@ import torch.distributed as dist
 from ..core.estimator import CompletionTimer, LinkEstimator
 from ..core.task import TensorSpec
 from ..sim.plan import Plan, PlannedMessage
-
-
-class GradschedError(RuntimeError):
-    """Communication failed or gradsched was misused; the message says which and how to fix it."""
+from .errors import GradschedError
 
 
 @dataclass

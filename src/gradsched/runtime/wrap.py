@@ -24,7 +24,7 @@ from torch import nn
 from ..core import POLICIES, policy_config
 from .config import RuntimeConfig
 from .coordinator import Coordinator
-from .exchange import GradschedError
+from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
 
 _WRAPPED: weakref.WeakSet = weakref.WeakSet()

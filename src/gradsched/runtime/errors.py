@@ -1,0 +1,21 @@
+"""The runtime's error type, and the translation of collective failures into it."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class GradschedError(RuntimeError):
+    """Communication failed or gradsched was misused; the message says which and how to fix it."""
+
+
+@contextmanager
+def failing_rank(what: str) -> Iterator[None]:
+    """Report a collective that failed because a peer died or hung as a GradschedError."""
+    try:
+        yield
+    except GradschedError:
+        raise
+    except RuntimeError as exc:  # gloo and NCCL report a dead or stuck peer as RuntimeError
+        raise GradschedError(f"{what} failed: another rank died or is unreachable ({exc})") from exc

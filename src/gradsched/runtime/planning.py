@@ -1,0 +1,106 @@
+"""Control points: where every rank adopts the plan rank 0 made from its measurements.
+
+At fixed rounds (after ``profile_rounds`` measured backward passes, then every
+``replan_every``) rank 0 makes a plan from the median ready times of the latest rounds and
+the link estimate, and, unless the policy is fifo, simulates the measured model (see
+:mod:`gradsched.runtime.profiling`) under the policy and under DDP-style buckets on the
+measured link: the buckets win unless the policy is predicted to be faster by at least
+``fallback_gain``. One broadcast carries the decision to every rank, always at the same
+point of ``optimizer.step()``, and the plan takes effect from the next round on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..core.base import PolicyConfig
+from ..core.policies import FifoConfig
+from ..core.task import TensorSpec
+from ..sim import Cluster, simulate
+from ..sim.plan import Plan, make_plan
+from .config import RuntimeConfig
+from .errors import failing_rank
+from .exchange import Exchange
+from .profiling import RoundTiming, measured_table
+
+
+class Planner:
+    def __init__(self, tensors: Sequence[TensorSpec], params: Sequence[torch.Tensor], policy: PolicyConfig,
+                 config: RuntimeConfig, owners: dict[str, list[str]], exchange: Exchange,
+                 group: dist.ProcessGroup, rank: int, world_size: int) -> None:
+        self.tensors = list(tensors)
+        self.names = [t.name for t in self.tensors]
+        self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
+        self.policy = policy
+        self.config = config
+        self.owners = owners
+        self.exchange = exchange
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+        self.timings: list[RoundTiming] = []  # of the latest closed rounds
+        self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
+        self._done: set[int] = set()
+
+    def record(self, timing: RoundTiming) -> None:
+        self.timings = (self.timings + [timing])[-(self.config.profile_rounds + 1) :]
+
+    def control_point(self, round_index: int) -> None:
+        """Called by ``optimizer.step()`` after round ``round_index`` on every rank."""
+        first = self.config.profile_rounds + 1
+        every = self.config.replan_every
+        due = round_index == first or (every and round_index > first and (round_index - first) % every == 0)
+        if not due or round_index in self._done:
+            return
+        self._done.add(round_index)
+        proposal = [self._propose(round_index) if self.rank == 0 else None]
+        if self.world_size > 1:
+            with failing_rank("agreeing on a new plan"):
+                dist.broadcast_object_list(proposal, src=0, group=self.group)
+        if proposal[0] is None:
+            return
+        plan, self.prediction = proposal[0]
+        if plan is not None:
+            self.exchange.set_plan(plan, round_index + 1)
+
+    def _propose(self, round_index: int) -> tuple[Plan | None, dict[str, Any] | None] | None:
+        timings = [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
+        if not timings:  # the first round warms up; rounds with unused parameters are skipped
+            return None
+        ready = {}
+        for name in self.names:
+            offsets = sorted(t.ready[name] - min(t.ready.values()) for t in timings)
+            ready[name] = offsets[len(offsets) // 2]
+        est = self.exchange.estimator
+        measured = est.ready and est.seconds_per_byte > 0
+        link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
+        policy, prediction = self.policy, None
+        if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
+            prediction = self._predict(timings, est.latency, est.seconds_per_byte, est.per_message)
+            if prediction and prediction["use_fifo"]:
+                policy = FifoConfig()
+        plan = make_plan(self.tensors, ready, policy, *link)
+        current = self.exchange.plan_for(round_index + 1)
+        if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
+            return None, prediction
+        return plan, prediction
+
+    def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
+                 overhead: float) -> dict[str, Any] | None:
+        """Simulate the measured model under the policy and under fifo on the measured link."""
+        table = measured_table(timings, self.owners, self.sizes)
+        if table is None:
+            return None
+        n = self.world_size
+        cluster = Cluster(n, bandwidth_bps=8.0 * 2 * (n - 1) / n / per_byte, latency_s=latency, overhead_s=overhead)
+        rounds = self.policy.build().warmup_iterations + 4
+        ours = simulate(table, cluster, self.policy, iterations=rounds, record=False).iteration_s
+        fifo = simulate(table, cluster, FifoConfig(), iterations=6, record=False).iteration_s
+        return {
+            "policy_s": ours, "fifo_s": fifo, "compute_s": table.compute_s,
+            "comm_s": table.gradient_bytes * per_byte, "latency_s": latency, "overhead_s": overhead,
+            "use_fifo": ours > fifo * (1.0 - self.config.fallback_gain),
+        }

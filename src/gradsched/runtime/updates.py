@@ -1,0 +1,119 @@
+"""Deferred updates: the user's optimizer applied per parameter once its gradient is reduced.
+
+``optimizer.step()`` records each parameter group's hyper-parameters (a *snapshot*, so a
+learning-rate scheduler stepped right after cannot leak into this step) and marks every
+parameter with a gradient as pending. A pending parameter is updated, with its snapshot,
+as soon as its reduction is known to be complete: at the latest in the forward pre-hook
+of the module that uses it. ``zero_grad()`` on a parameter still pending or on the wire
+waits the same way. The update is the wrapped optimizer's own ``step()``, run with each
+group's ``params`` narrowed to the parameters being updated.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from .exchange import Exchange
+from .tracing import RunTrace
+
+Snapshot = list[dict[str, Any]]  # hyper-parameters of every group at step() time
+
+
+class DeferredUpdates:
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], names: Sequence[str],
+                 exchange: Exchange, trace: RunTrace | None) -> None:
+        self.optimizer = optimizer
+        self.params = list(params)
+        self.names = list(names)
+        self.exchange = exchange
+        self.trace = trace
+        self.cuda = any(p.is_cuda for p in self.params)
+        self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
+        self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
+
+    def pending(self, i: int) -> bool:
+        return i in self.update or i in self.zero
+
+    def snapshot(self) -> Snapshot:
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+
+    def request_step(self, indices: Sequence[int], snapshot: Snapshot) -> None:
+        """Mark ``indices`` for an update with ``snapshot``; apply those already reduced."""
+        now = []
+        for i in indices:
+            self.update[i] = snapshot
+            if not self.exchange.in_flight(i):
+                now.append(i)
+        self.apply(now)
+
+    def request_zero(self, set_to_none: bool) -> None:
+        for i, p in enumerate(self.params):
+            if self.exchange.in_flight(i) or i in self.update:
+                self.zero[i] = set_to_none
+            else:
+                clear_grad(p, set_to_none)
+
+    def wait_and_apply(self, indices: Sequence[int], what: str) -> None:
+        """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
+        started = time.perf_counter()
+        self.exchange.wait_reduced(list(indices), what)
+        if self.cuda:  # the CPU has seen the reductions; the GPU must see them before the update
+            self.exchange.order_after_reduction(range(len(self.params)))
+        if self.trace:
+            self.trace.span("wait", what, started, time.perf_counter())
+        self.apply(sorted({i for i in [*self.update, *self.zero] if not self.exchange.in_flight(i)}))
+
+    def flush(self, i: int) -> None:
+        if self.pending(i):
+            self.wait_and_apply([i], f"parameter {self.names[i]!r}")
+
+    def apply(self, indices: Sequence[int]) -> None:
+        """Apply the pending updates of ``indices`` (grouped by snapshot), then their zeroing."""
+        by_snapshot: dict[int, tuple[Snapshot, list[int]]] = {}
+        for i in indices:
+            snapshot = self.update.pop(i, None)
+            if snapshot is not None:
+                by_snapshot.setdefault(id(snapshot), (snapshot, []))[1].append(i)
+        for snapshot, members in by_snapshot.values():
+            self.apply_now(members, snapshot)
+        for i in indices:
+            set_to_none = self.zero.pop(i, None)
+            if set_to_none is not None:
+                clear_grad(self.params[i], set_to_none)
+
+    def apply_now(self, indices: Sequence[int], snapshot: Snapshot) -> None:
+        """Run the optimizer's step on ``indices`` only, with ``snapshot``'s hyper-parameters."""
+        chosen = {id(self.params[i]) for i in indices}
+        if not chosen:
+            return
+        started = time.perf_counter()
+        saved = []
+        for group, values in zip(self.optimizer.param_groups, snapshot):
+            saved.append((group["params"], {k: group[k] for k in values}))
+            group["params"] = [p for p in group["params"] if id(p) in chosen]
+            group.update(values)
+        try:
+            self.optimizer.step()
+        finally:
+            for group, (params, values) in zip(self.optimizer.param_groups, saved):
+                group["params"] = params
+                group.update(values)
+        if self.trace:
+            self.trace.span("update", f"{len(chosen)} parameters", started, time.perf_counter())
+
+
+def clear_grad(p: torch.Tensor, set_to_none: bool) -> None:
+    """What ``Optimizer.zero_grad`` does to one parameter."""
+    if p.grad is None:
+        return
+    if set_to_none:
+        p.grad = None
+    else:
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
