@@ -29,8 +29,9 @@ from __future__ import annotations
 class _LineFit:
     """Weighted least squares of d = a + b * x with forgetting factor ``decay``.
 
-    With too little spread in x to separate the two, ``a`` falls back to 0 (queued
-    samples) or the slope to ``fallback_slope`` (isolated samples)."""
+    With too little spread in x to separate the two (sizes within about +-40% of each
+    other), ``a`` falls back to 0 (queued samples) or the slope to ``fallback_slope``
+    (isolated samples), and ``separable`` is False."""
 
     def __init__(self, decay: float) -> None:
         self.decay = decay
@@ -46,12 +47,21 @@ class _LineFit:
         self.xd = k * self.xd + x * d
         self.n += 1
 
+    @property
+    def separable(self) -> bool:
+        return self.n > 1 and self.w * self.xx - self.x * self.x > 0.15 * self.w * self.xx
+
+    @property
+    def mean(self) -> tuple[float, float]:
+        """Weighted mean of (x, d)."""
+        return (self.x / self.w, self.d / self.w) if self.w else (0.0, 0.0)
+
     def solve(self, fallback_slope: float | None = None) -> tuple[float, float]:
         """(intercept, slope), both >= 0."""
         if self.n == 0:
             return 0.0, 0.0
         var = self.w * self.xx - self.x * self.x
-        if var > 1e-6 * self.w * self.xx:
+        if self.separable:
             slope = (self.w * self.xd - self.x * self.d) / var
             intercept = (self.d - slope * self.x) / self.w
             if slope >= 0.0 and intercept >= 0.0:
@@ -75,6 +85,17 @@ class LinkEstimator:
     @property
     def samples(self) -> int:
         return self._queued.n + self._isolated.n
+
+    @property
+    def separable(self) -> bool:
+        """Queued messages varied enough in size to tell per-message from per-byte cost.
+        When they did not, everything was attributed to bytes; ``mean_queued`` gives the
+        average (bytes, seconds) to try the other attribution."""
+        return self._queued.separable
+
+    @property
+    def mean_queued(self) -> tuple[float, float]:
+        return self._queued.mean
 
     @property
     def ready(self) -> bool:

@@ -90,17 +90,31 @@ class Planner:
 
     def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
                  overhead: float) -> dict[str, Any] | None:
-        """Simulate the measured model under the policy and under fifo on the measured link."""
+        """Simulate the measured model under the policy and under fifo on the measured link.
+
+        When the measured messages were all about one size, per-message and per-byte costs
+        cannot be told apart: then the policy must win under both attributions (all of a
+        message's time per byte, and all of it per message) or the buckets are used."""
         table = measured_table(timings, self.owners, self.sizes)
         if table is None:
             return None
+        links = [(latency, per_byte, overhead)]
+        if not self.exchange.estimator.separable:
+            size, seconds = self.exchange.estimator.mean_queued
+            links.append((latency, per_byte * 1e-3, seconds))  # (almost) everything per message
+        result: dict[str, Any] = {"compute_s": table.compute_s, "latency_s": latency,
+                                  "separable": len(links) == 1, "use_fifo": False}
+        for k, (lat, byte_cost, over) in enumerate(links):
+            ours, fifo = self._simulate_both(table, lat, byte_cost, over)
+            if k == 0:
+                result.update(policy_s=ours, fifo_s=fifo, comm_s=table.gradient_bytes * byte_cost, overhead_s=over)
+            result["use_fifo"] |= ours > fifo * (1.0 - self.config.fallback_gain)
+        return result
+
+    def _simulate_both(self, table, latency: float, per_byte: float, overhead: float) -> tuple[float, float]:
         n = self.world_size
         cluster = Cluster(n, bandwidth_bps=8.0 * 2 * (n - 1) / n / per_byte, latency_s=latency, overhead_s=overhead)
         rounds = self.policy.build().warmup_iterations + 4
         ours = simulate(table, cluster, self.policy, iterations=rounds, record=False).iteration_s
         fifo = simulate(table, cluster, FifoConfig(), iterations=6, record=False).iteration_s
-        return {
-            "policy_s": ours, "fifo_s": fifo, "compute_s": table.compute_s,
-            "comm_s": table.gradient_bytes * per_byte, "latency_s": latency, "overhead_s": overhead,
-            "use_fifo": ours > fifo * (1.0 - self.config.fallback_gain),
-        }
+        return ours, fifo
