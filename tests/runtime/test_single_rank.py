@@ -199,3 +199,30 @@ def test_unused_parameters_need_the_flag(world_of_one):
     assert torch.equal(model.unused.weight, before)  # no gradient anywhere: no update, no decay
     assert model.unused.weight.grad is None
     opt.close()
+
+
+def test_amp_grad_scaler_after_synchronize(world_of_one):
+    """GradScaler reads every gradient (inf check, unscaling): synchronize() first."""
+    def run(wrapped: bool):
+        model = net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if wrapped:
+            model, opt = gradsched.wrap(model, opt, "prophet", policy_options=SMALL["prophet"], profile_rounds=2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for step, (x, y) in enumerate(batches()):
+            opt.zero_grad()
+            scale = 1e30 if step == 3 else 1.0  # an overflowing step must be skipped
+            scaler.scale(nn.functional.cross_entropy(model(x), y) * scale).backward()
+            if wrapped:
+                opt.synchronize()
+            scaler.step(opt)
+            scaler.update()
+        if wrapped:
+            opt.synchronize()
+            opt.close()
+        return [p.detach().clone() for p in model.parameters()], scaler.get_scale()
+
+    (plain, plain_scale), (ours, our_scale) = run(False), run(True)
+    assert our_scale == plain_scale < 2.0**10  # the overflow was seen and the scale lowered
+    for a, b in zip(ours, plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
