@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", required=True, help="output JSON file")
 
     sub.add_parser("models", help="list models, devices, policies and their options")
+    from .bench.cli import add_parser as add_bench
+
+    add_bench(sub)
     return parser
 
 
@@ -203,9 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "bench":
+            from .bench.cli import cmd_bench
+
+            return cmd_bench(args, UsageError)
         handler = {"simulate": cmd_simulate, "profile": cmd_profile, "models": cmd_models}[args.command]
         return handler(args)
-    except (UsageError, ValueError) as exc:
+    except (UsageError, ValueError, RuntimeError, TimeoutError) as exc:
         print(f"gradsched: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. piped into head

@@ -67,3 +67,40 @@ def plot_sweep(rows: Sequence[Row], path: str | Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_bench(data: dict, path: str | Path) -> None:
+    """Measured speed-up over DDP and ratio to the bound against bandwidth (one line per
+    policy), or bars for a single bandwidth; from ``gradsched bench --json`` data."""
+    rows = data["results"]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    bandwidths = sorted({r["bandwidth_gbps"] or 0.0 for r in rows})
+    for policy in policies:
+        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["bandwidth_gbps"] or 0.0)
+        x = [r["bandwidth_gbps"] or 0.0 for r in mine]
+        if len(bandwidths) > 1:
+            left.plot(x, [r["speedup_vs_ddp"] or float("nan") for r in mine], marker="o", label=policy)
+            right.plot(x, [r["ratio_to_bound"] for r in mine], marker="o", label=policy)
+    if len(bandwidths) == 1:
+        left.bar(policies, [next(r["speedup_vs_ddp"] or float("nan") for r in rows if r["policy"] == p)
+                            for p in policies])
+        right.bar(policies, [next(r["ratio_to_bound"] for r in rows if r["policy"] == p) for p in policies])
+        for ax in (left, right):
+            ax.tick_params(axis="x", rotation=30)
+    else:
+        for ax in (left, right):
+            ax.set_xscale("log")
+            ax.set_xlabel("link bandwidth (Gbit/s)")
+            ax.grid(True, which="both", alpha=0.3)
+        left.legend(fontsize=8)
+    left.set_ylabel("speed-up over DDP (x)")
+    right.set_ylabel("iteration time / bound")
+    left.axhline(1.0, color="black", linewidth=0.8)
+    right.axhline(1.0, color="black", linewidth=0.8)
+    kind = "replay" if data.get("replay") else "real"
+    where = "emulated network" if data.get("emulated_network") else "loopback, no limit"
+    fig.suptitle(f"{data['model']} ({kind}) · {data['workers']} workers · {where} (measured)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

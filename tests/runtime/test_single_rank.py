@@ -226,3 +226,47 @@ def test_amp_grad_scaler_after_synchronize(world_of_one):
     assert our_scale == plain_scale < 2.0**10  # the overflow was seen and the scale lowered
     for a, b in zip(ours, plain):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class HeldElsewhere(nn.Module):
+    """Parameters held by containers whose forward never runs (ParameterList) or used by a
+    parent module directly: their updates must still land before they are read."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.scale = nn.Parameter(torch.ones(10))
+        self.head = nn.Linear(10, 3)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x * self.scale)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(10, 10) * 0.3), nn.Parameter(torch.zeros(10))])
+
+    def forward(self, x):
+        return torch.tanh(x @ self.weights[0] + self.weights[1])
+
+
+@pytest.mark.parametrize("policy", ["bytescheduler", "prophet"])
+def test_parameters_in_containers_are_updated_before_use(world_of_one, policy):
+    reference = HeldElsewhere()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    train(reference, ref_opt)
+    model = HeldElsewhere()
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), policy,
+                                policy_options=SMALL[policy], profile_rounds=2, replan_every=2)
+    train(model, opt)
+    opt.synchronize()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # each block waits for its own container's parameters, not the whole model
+    waits = {opt._coordinator._module_name[m]: len(idx) for m, idx in opt._coordinator._waits.items()}
+    assert waits["blocks.0"] == 2 and waits["blocks.2"] == 2 and waits[""] == 1  # the root holds `scale`
+    opt.close()

@@ -74,8 +74,9 @@ class Coordinator:
         self._timing = RoundTiming()  # of the latest forward pass and the backward pass after it
         self._globally_unused: set[int] = set()
         self._ran: set[int] = set()  # modules whose forward ran since the root's
-        self._owners: dict[int, list[nn.Module]] = {}
-        self._orphans: list[int] = []  # parameters used outside the modules that own them
+        self._forward_ran = False  # a forward pass ran since the last round closed
+        self._owners: dict[int, list[nn.Module]] = {}  # parameter -> modules owning it directly
+        self._adopted: set[int] = set()  # parameters waited for by an ancestor of their owner
         self._handles: list[Any] = []
         self._tracing_module: tuple[str, float] | None = None
         self._closed = False
@@ -90,23 +91,31 @@ class Coordinator:
     def _attach(self) -> None:
         for i, p in enumerate(self.params):
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        module_params: dict[nn.Module, list[int]] = {}
+        named = dict(self.model.named_modules())
+        self._module_name = {m: n for n, m in named.items()}
+        self._parent = {m: named[n.rpartition(".")[0]] for n, m in named.items() if n}
+        # parameters each module's forward waits for: its own (parameters a container such
+        # as ParameterList holds are adopted by the module that runs, see _detect_orphans)
+        self._waits: dict[nn.Module, list[int]] = {}
+        hooked = {self.model}
         for module in self.model.modules():
             idx = [self.index[id(p)] for p in module.parameters(recurse=False) if id(p) in self.index]
             if idx:
-                module_params[module] = idx
+                self._waits[module] = idx
                 for i in idx:
                     self._owners.setdefault(i, []).append(module)
-        self._module_params = module_params
-        module_names = {m: n for n, m in self.model.named_modules()}
-        self._module_name = {m: module_names[m] for m in module_params}
-        owners = {module_names[m]: [self.names[i] for i in idx] for m, idx in module_params.items()}
+                ancestor = module
+                while ancestor not in hooked:  # its ancestors may adopt its parameters
+                    hooked.add(ancestor)
+                    ancestor = self._parent[ancestor]
+        owners = {self._module_name[m]: [self.names[i] for i in idx] for m, idx in self._waits.items()}
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
                                self.groups["control"], self.rank, self.world_size)
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
         self._handles.append(self.model.register_forward_hook(self._after_root))
-        for module in module_params:
-            self._handles.append(module.register_forward_pre_hook(self._before_module))
+        for module in self.model.modules():
+            if module in hooked:
+                self._handles.append(module.register_forward_pre_hook(self._before_module))
         self._handles.append(self.model.register_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
         self._handles.append(self.model.register_load_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
 
@@ -146,11 +155,10 @@ class Coordinator:
         self._close_round()
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
-        elif self._orphans:
-            self.updates.wait_and_apply(self._orphans, "parameters used outside their modules")
         if self.config.broadcast_buffers and self.world_size > 1:
             self._broadcast_buffers()
         self._ran.clear()
+        self._forward_ran = True
         self._new_round = True
         self._timing = RoundTiming(forward_start=time.perf_counter())
 
@@ -170,12 +178,14 @@ class Coordinator:
         if self._closed:
             return
         self._ran.add(id(module))
+        idx = self._waits.get(module)
+        if not idx:
+            return
         name = self._module_name[module]
         first = name not in self._timing.module_starts
         entered = time.perf_counter()
         if first:
             self._timing.module_starts[name] = entered
-        idx = self._module_params[module]
         if any(self.updates.pending(i) for i in idx):
             self.updates.wait_and_apply(idx, f"module {name}")
             if first:
@@ -221,10 +231,24 @@ class Coordinator:
         self._detect_orphans()
 
     def _detect_orphans(self) -> None:
-        if self._ran:
-            ready = [i for i in range(len(self.params)) if self.exchange.ready_round[i] == self.round]
-            found = {i for i in ready if not any(id(m) in self._ran for m in self._owners.get(i, []))}
-            self._orphans = sorted(set(self._orphans) | found)
+        """A parameter got a gradient though no module owning it ran (it sits in a container
+        like ParameterList, or is used by another module): the nearest ancestor of its owner
+        that did run waits for it from now on (the root, at worst)."""
+        if not self._forward_ran:
+            return
+        self._forward_ran = False
+        for i in range(len(self.params)):
+            if i in self._adopted or self.exchange.ready_round[i] != self.round:
+                continue
+            owners = self._owners[i]
+            if any(id(m) in self._ran for m in owners):
+                continue
+            adopter = owners[0]
+            while adopter is not self.model and id(adopter) not in self._ran:
+                adopter = self._parent[adopter]
+            self._adopted.add(i)
+            self._waits.setdefault(adopter, []).append(i)
+            self.planner.adopt(self.names[i], self._module_name[adopter])
 
     # -- optimizer entry points -----------------------------------------------------------
     def step(self) -> None:

@@ -45,6 +45,13 @@ class Planner:
         self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
         self._done: set[int] = set()
 
+    def adopt(self, param: str, module: str) -> None:
+        """``module`` (which runs) waits for ``param`` instead of the module that holds it."""
+        for names in self.owners.values():
+            if param in names:
+                names.remove(param)
+        self.owners.setdefault(module, []).append(param)
+
     def record(self, timing: RoundTiming) -> None:
         self.timings = (self.timings + [timing])[-(self.config.profile_rounds + 1) :]
 

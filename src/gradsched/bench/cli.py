@@ -1,0 +1,88 @@
+"""``gradsched bench``: the command line of the emulated-cluster benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..units import parse_bandwidth, parse_duration
+from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
+from .workloads import REAL, REPLAY
+
+DEFAULT_POLICIES = "ddp,fifo,priority,bytescheduler,prophet"
+
+
+def add_parser(sub) -> None:
+    names = ", ".join([*REAL, *REPLAY])
+    bench = sub.add_parser(
+        "bench", help="DDP against every policy on an emulated bandwidth-limited cluster",
+        description="Run real training processes, one per Linux network namespace, joined by a bridge, each "
+                    "link limited with tc in both directions, and compare DDP with every policy against the "
+                    "bound max(compute, communication). Needs root and iproute2; otherwise runs on loopback "
+                    "without a limit (and says so).")
+    bench.add_argument("--model", default="mlp", help=f"one of: {names} (default mlp)")
+    bench.add_argument("--workers", type=int, default=2, help="ranks (default 2)")
+    bench.add_argument("--bandwidth", help="link bandwidth per rank and direction, e.g. 5Gbit (default 5Gbit)")
+    bench.add_argument("--sweep-bandwidth", help="comma list of bandwidths, bare numbers in Gbit/s: 1,2,5")
+    bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
+    bench.add_argument("--policy", default=DEFAULT_POLICIES,
+                       help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
+    bench.add_argument("--iters", type=int, default=30, help="timed iterations per policy (default 30)")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    bench.add_argument("--batch", type=int, default=32, help="batch of replay models' profiles (default 32)")
+    bench.add_argument("--device", default="v100", help="device preset of replay models' profiles (default v100)")
+    bench.add_argument("--no-fallback", action="store_true",
+                       help="keep each policy's own plans even where DDP-style buckets are predicted faster")
+    bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
+    bench.add_argument("--timeout", default="30min", help="give up after this long per bandwidth (default 30min)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    bench.add_argument("--plot", help="write a PNG (speed-up and ratio to the bound against bandwidth)")
+    bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
+
+
+def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
+    if args.sweep_bandwidth and args.bandwidth:
+        raise usage_error("use either --bandwidth or --sweep-bandwidth, not both")
+    texts = args.sweep_bandwidth.split(",") if args.sweep_bandwidth else [args.bandwidth or "5Gbit"]
+    if not all(t.strip() for t in texts):
+        raise usage_error(f"empty item in --sweep-bandwidth {args.sweep_bandwidth!r}")
+    policies = tuple(p.strip() for p in args.policy.split(","))
+    if len(set(policies)) != len(policies) or not all(policies):
+        raise usage_error(f"each policy once, no empty items: {args.policy!r}")
+    return BenchConfig(
+        model=args.model, workers=args.workers, bandwidths_bps=tuple(parse_bandwidth(t) for t in texts),
+        latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
+        batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
+        loopback=args.loopback, fallback=not args.no_fallback,
+    )
+
+
+def cmd_bench(args: argparse.Namespace, usage_error) -> int:
+    config = config_from(args, usage_error)
+    if args.trace_dir:
+        import os
+
+        os.makedirs(args.trace_dir, exist_ok=True)
+    tty = sys.stderr.isatty()
+
+    def progress(line: str) -> None:
+        print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    def warn(line: str) -> None:
+        print(f"gradsched: warning: {line}", file=sys.stderr, flush=True)
+
+    settings = run_bench(config, progress=progress, warn=warn)
+    if tty:
+        print("\r\x1b[K", end="", file=sys.stderr)
+    if args.json:
+        print(json.dumps(settings_json(config, settings)))
+    else:
+        print(settings_text(config, settings), end="")
+    if args.plot:
+        from ..plot import plot_bench
+
+        plot_bench(settings_json(config, settings), args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0

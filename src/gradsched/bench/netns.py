@@ -1,0 +1,167 @@
+"""An emulated cluster on one machine: one Linux network namespace per rank, joined by a
+bridge, each rank's link limited with ``tc`` in both directions.
+
+Rank r lives in namespace ``gs<run>-<r>`` with interface ``eth0`` at ``10.<a>.<b>.<r+1>``;
+the host side of its veth pair is attached to bridge ``gs<run>br``. The rate limit is a
+token bucket (``tbf``) on both ends of the pair: on ``eth0`` for what the rank sends, on the
+host side for what it receives; optional latency is ``netem`` in front of each bucket.
+
+Everything is created by :meth:`EmulatedCluster.__enter__` and removed by ``__exit__``,
+whatever happened in between; :func:`remove_stale` removes what an earlier, killed run
+left behind (every name starts with ``gs`` and the run id), so a second run after a crash
+still works. Needs root and iproute2's ``ip`` and ``tc``: :func:`available` says whether
+they are usable and, if not, why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import zlib
+from typing import Sequence
+
+PREFIX = "gs"
+
+
+class ClusterError(RuntimeError):
+    """The emulated network could not be built."""
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if namespaces and tc can be used here, else (False, the reason)."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return False, "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return False, "creating network namespaces needs root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"'{tool}' was not found (install iproute2)"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    try:
+        _run("ip", "netns", "add", probe)
+    except ClusterError as exc:
+        return False, f"cannot create a network namespace: {exc}"
+    finally:
+        _run("ip", "netns", "del", probe, check=False)
+    return True, ""
+
+
+def remove_stale(run_id: str | None = None) -> list[str]:
+    """Delete namespaces and links of earlier runs (all runs if ``run_id`` is None)."""
+    pattern = re.compile(rf"^{PREFIX}{re.escape(run_id) if run_id else '[0-9a-z]+'}(-\d+|br)")
+    removed = []
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if pattern.match(name):
+            _run("ip", "netns", "del", name, check=False)
+            removed.append(name)
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        parts = line.split(":")
+        if len(parts) > 1:
+            name = parts[1].strip().split("@")[0]
+            if pattern.match(name):
+                _run("ip", "link", "del", name, check=False)
+                removed.append(name)
+    return removed
+
+
+class EmulatedCluster:
+    """``with EmulatedCluster(2, bandwidth_bps=5e9) as cluster: cluster.command(0, [...])``"""
+
+    def __init__(self, ranks: int, bandwidth_bps: float | None, latency_s: float = 0.0, run_id: str | None = None):
+        if ranks < 1 or ranks > 250:
+            raise ValueError(f"ranks must be in 1..250, got {ranks}")
+        if bandwidth_bps is not None and not bandwidth_bps > 0:
+            raise ValueError(f"bandwidth must be > 0, got {bandwidth_bps}")
+        if latency_s < 0:
+            raise ValueError(f"latency must be >= 0, got {latency_s}")
+        self.ranks = ranks
+        self.bandwidth_bps = bandwidth_bps
+        self.latency_s = latency_s
+        self.run_id = run_id or f"{os.getpid() % 0xFFFF:x}"
+        if not re.fullmatch(r"[0-9a-z]{1,5}", self.run_id):
+            raise ValueError(f"run_id must be 1-5 lowercase letters or digits, got {self.run_id!r}")
+        subnet = zlib.crc32(self.run_id.encode()) % 250
+        self.addresses = [f"10.213.{subnet}.{r + 1}" for r in range(ranks)]
+        self.bridge = f"{PREFIX}{self.run_id}br"
+        self.namespaces = [f"{PREFIX}{self.run_id}-{r}" for r in range(ranks)]
+        self._created = False
+
+    @property
+    def interface(self) -> str:
+        return "eth0"
+
+    def __enter__(self) -> EmulatedCluster:
+        remove_stale(self.run_id)
+        self._created = True
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for rank, ns in enumerate(self.namespaces):
+                host = f"{ns}h"
+                _run("ip", "netns", "add", ns)
+                _run("ip", "link", "add", host, "type", "veth", "peer", "name", f"{ns}n")
+                _run("ip", "link", "set", host, "master", self.bridge)
+                _run("ip", "link", "set", host, "up")
+                _run("ip", "link", "set", f"{ns}n", "netns", ns)
+                self._in(ns, "ip", "link", "set", f"{ns}n", "name", "eth0")
+                self._in(ns, "ip", "addr", "add", f"{self.addresses[rank]}/24", "dev", "eth0")
+                self._in(ns, "ip", "link", "set", "eth0", "up")
+                self._in(ns, "ip", "link", "set", "lo", "up")
+            self.set_link(self.bandwidth_bps, self.latency_s)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def set_link(self, bandwidth_bps: float | None, latency_s: float = 0.0) -> None:
+        """(Re)shape every rank's link in both directions; None removes the limit."""
+        self.bandwidth_bps, self.latency_s = bandwidth_bps, latency_s
+        for ns in self.namespaces:
+            for where in ((ns, "eth0"), (None, f"{ns}h")):
+                self._shape(*where)
+
+    def _shape(self, ns: str | None, dev: str) -> None:
+        prefix = ["ip", "netns", "exec", ns] if ns else []
+        _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+        parent = ["root"]
+        if self.latency_s > 0:
+            delay = f"{self.latency_s * 1e6:.0f}us"
+            try:
+                _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", delay)
+            except ClusterError as exc:
+                raise ClusterError(
+                    f"cannot add latency: this kernel has no netem qdisc (sch_netem); run without --latency ({exc})"
+                ) from None
+            parent = ["parent", "1:1"]
+        if self.bandwidth_bps:
+            rate = f"{self.bandwidth_bps:.0f}bit"
+            # a bucket of ~2 ms of traffic (at least 64 KiB, a GSO segment) keeps tbf accurate at high rates
+            burst = max(65536, int(self.bandwidth_bps / 8 * 0.002))
+            _run(*prefix, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", rate,
+                 "burst", str(burst), "latency", "100ms")
+
+    def _in(self, ns: str, *argv: str) -> None:
+        _run("ip", "netns", "exec", ns, *argv)
+
+    def command(self, rank: int, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` inside rank ``rank``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[rank], *argv]
+
+    def __exit__(self, *exc) -> None:
+        if not self._created:
+            return
+        self._created = False
+        for ns in self.namespaces:
+            _run("ip", "netns", "del", ns, check=False)
+            _run("ip", "link", "del", f"{ns}h", check=False)
+        _run("ip", "link", "del", self.bridge, check=False)

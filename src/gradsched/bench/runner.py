@@ -1,0 +1,248 @@
+"""Runs the benchmark: an emulated cluster per bandwidth, the ranks, the figures.
+
+For each bandwidth the runner builds the emulated cluster (or, where that is impossible,
+uses loopback and says so), starts one worker per rank the way torchrun would, shows
+progress, and turns rank 0's timings into figures: the median iteration time of each
+policy, the measured compute-only and communication-only times, the bound
+max(compute, communication), the ratio to it, the speed-up over DDP, and, for replay
+models, the simulator's prediction for the same setting on the measured link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..core import policy_config
+from ..sim import Cluster, simulate
+from .netns import EmulatedCluster, available
+from .worker import MARK
+from .workloads import workload
+
+BASELINES = ("ddp", "ddp-tuned")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "mlp"
+    workers: int = 2
+    bandwidths_bps: tuple[float | None, ...] = (5e9,)  # None: no limit
+    latency_s: float = 0.0
+    policies: tuple[str, ...] = ("ddp", "fifo", "priority", "bytescheduler", "prophet")
+    iters: int = 30
+    warmup: int = 5
+    batch: int = 32
+    device: str = "v100"
+    profile_rounds: int = 3
+    trace_dir: str | None = None
+    timeout_s: float = 1800.0
+    loopback: bool = False  # force loopback (no namespaces, no limit)
+    fallback: bool = True  # let gradsched fall back to DDP-style buckets where predicted better
+
+    def __post_init__(self) -> None:
+        if self.workers < 2:
+            raise ValueError(f"workers must be >= 2 (communication needs two), got {self.workers}")
+        if self.iters < 3 or self.warmup < 0:
+            raise ValueError(f"iters must be >= 3 and warmup >= 0, got {self.iters} and {self.warmup}")
+        unknown = [p for p in self.policies if p not in BASELINES]
+        for name in unknown:
+            policy_config(name)  # raises with the list of policies
+        if not self.policies:
+            raise ValueError("no policy to measure")
+        workload(self.model, self.batch, self.device)  # raises for an unknown model
+
+
+@dataclass
+class Setting:
+    """The figures of one bandwidth."""
+
+    bandwidth_bps: float | None
+    limited: bool  # False: loopback without limit
+    compute_s: float
+    comm_s: float
+    latency_s: float  # one tiny all-reduce
+    overhead_s: float  # per message, many in flight
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.compute_s, self.comm_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None]) -> dict:
+    payload = json.dumps({
+        "model": config.model, "batch": config.batch, "device": config.device, "iters": config.iters,
+        "warmup": config.warmup, "policies": list(config.policies), "trace_dir": config.trace_dir,
+        "profile_rounds": config.profile_rounds, "fallback": config.fallback,
+    })
+    port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
+    master = "127.0.0.1" if cluster is None else cluster.addresses[0]
+    procs: list[subprocess.Popen] = []
+    logs = []
+    expired = threading.Event()
+
+    def kill_all() -> None:
+        expired.set()
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(config.timeout_s, kill_all)
+    watchdog.daemon = True
+    try:
+        for rank in range(config.workers):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(config.workers), LOCAL_RANK=str(rank),
+                       MASTER_ADDR=master, MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            if cluster is not None:
+                env["GLOO_SOCKET_IFNAME"] = cluster.interface
+            argv = [sys.executable, "-m", "gradsched.bench.worker", payload]
+            if cluster is not None:
+                argv = cluster.command(rank, argv)
+            log = tempfile.TemporaryFile(mode="w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                                          stderr=log, text=True, start_new_session=True))
+        watchdog.start()
+        result = None
+        for line in procs[0].stdout:
+            if line.startswith(MARK):
+                message = json.loads(line[len(MARK):])
+                if message["kind"] == "progress":
+                    progress(message)
+                else:
+                    result = message
+        for proc in procs:
+            proc.wait()
+        if expired.is_set():
+            raise TimeoutError(f"the benchmark ranks did not finish within {config.timeout_s:.0f} s (--timeout)")
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed or result is None:
+            log = logs[failed[0] if failed else 0]
+            log.seek(0)
+            tail = log.read()[-6000:]
+            raise RuntimeError(f"benchmark rank {failed[0] if failed else 0} failed:\n{tail}")
+        return result
+    finally:
+        watchdog.cancel()
+        kill_all()
+        for proc in procs:
+            proc.wait()
+        for log in logs:
+            log.close()
+
+
+def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:
+    compute = statistics.median(raw["compute"])
+    comm = statistics.median(raw["comm"])
+    setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"])
+    medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
+    reference = medians.get("ddp") or medians.get("ddp-tuned")
+    work = workload(config.model, config.batch, config.device)
+    for policy, result in raw["policies"].items():
+        row = {
+            "policy": policy,
+            "bandwidth_gbps": None if bandwidth is None else bandwidth / 1e9,
+            "iteration_s": medians[policy],
+            "bound_s": setting.bound_s,
+            "ratio_to_bound": medians[policy] / setting.bound_s,
+            "speedup_vs_ddp": reference / medians[policy] if reference else None,
+            "predicted_s": None,
+            **{k: v for k, v in result.items() if k != "times"},
+        }
+        if work.table is not None and policy not in BASELINES:  # predict what actually ran
+            ran = result.get("plan") or policy
+            row["predicted_s"] = predict(work.table, ran, raw["world_size"], raw["gradient_bytes"], comm,
+                                         raw["latency"], raw["overhead"])
+        setting.rows.append(row)
+    return setting
+
+
+def predict(table, policy: str, workers: int, gradient_bytes: int, comm_s: float, latency_s: float,
+            overhead_s: float) -> float:
+    """The simulator's iteration time for ``policy`` on the link as measured: bandwidth from
+    the communication-only time, latency from one tiny all-reduce at a time, per-message
+    overhead from many in flight (so the prediction tests scheduling, not the tc rate)."""
+    per_byte = comm_s / gradient_bytes  # seconds per payload byte, as the ring moved them
+    bandwidth = 8.0 * 2 * (workers - 1) / workers / per_byte
+    overhead = min(overhead_s, latency_s)
+    cluster = Cluster(workers, bandwidth_bps=bandwidth, latency_s=max(0.0, latency_s - overhead), overhead_s=overhead)
+    config = policy_config(policy)
+    iterations = config.build().warmup_iterations + 6
+    return simulate(table, cluster, config, iterations=iterations, record=False).iteration_s
+
+
+def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None,
+              warn: Callable[[str], None] | None = None) -> list[Setting]:
+    ok, why = (False, "loopback was asked for") if config.loopback else available()
+    if not ok and warn:
+        warn(f"no emulated network ({why}): running on loopback WITHOUT a bandwidth limit")
+    settings = []
+    for b, bandwidth in enumerate(config.bandwidths_bps if ok else (None,)):
+        label = "loopback" if not ok or bandwidth is None else f"{bandwidth / 1e9:g} Gbit/s"
+
+        def show(message: dict, label=label, b=b) -> None:
+            if progress:
+                done = b * message["total"] + message["index"]
+                total = len(config.bandwidths_bps if ok else (None,)) * message["total"]
+                progress(f"[{done + 1}/{total}] {label}: {message['policy']}")
+
+        if ok:
+            with EmulatedCluster(config.workers, bandwidth, config.latency_s) as cluster:
+                raw = _launch(config, cluster, show)
+        else:
+            raw = _launch(config, None, show)
+        settings.append(_figures(config, bandwidth if ok else None, ok and bandwidth is not None, raw))
+    return settings
+
+
+def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
+    work = workload(config.model, config.batch, config.device)
+    return {
+        "model": config.model,
+        "replay": work.replay,
+        "description": work.description,
+        "workers": config.workers,
+        "latency_s": config.latency_s,
+        "emulated_network": all(s.limited for s in settings),
+        "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
+                      "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
+                      "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s} for s in settings],
+        "results": [row for s in settings for row in s.rows],
+    }
+
+
+def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
+    work = workload(config.model, config.batch, config.device)
+    lines = []
+    for s in settings:
+        where = f"{s.bandwidth_bps / 1e9:g} Gbit/s per link (tc)" if s.limited else "loopback, NO bandwidth limit"
+        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers · {where}"
+                     + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
+        lines.append(f"  {work.description}")
+        lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
+                     f" bound {s.bound_s * 1e3:.1f} ms; per message {s.latency_s * 1e3:.2f} ms alone,"
+                     f" {s.overhead_s * 1e3:.2f} ms pipelined")
+        lines.append(f"  {'policy':<14} {'iter ms':>9} {'x bound':>8} {'vs ddp':>7} {'predicted':>10}  plan")
+        for row in s.rows:
+            predicted = f"{row['predicted_s'] * 1e3:8.1f}ms" if row.get("predicted_s") else f"{'-':>10}"
+            speedup = f"{row['speedup_vs_ddp']:6.3f}x" if row.get("speedup_vs_ddp") else f"{'-':>7}"
+            plan = row.get("plan") or (f"buckets {row['bucket_cap_mb']} MB" if "bucket_cap_mb" in row else "")
+            lines.append(f"  {row['policy']:<14} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "
+                         f"{speedup} {predicted}  {plan}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

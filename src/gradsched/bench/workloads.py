@@ -1,0 +1,179 @@
+"""What ``gradsched bench`` trains: small real models, and replay models.
+
+A *replay* model has the real parameter tensors of a large model (from the simulator's
+model tables: VGG-16, ResNet-50, a Transformer) and real autograd hooks, but each layer's
+compute is a wait of its profiled duration. The CPU stays free during those waits, as it
+would while a GPU computes, so the communication of a large model can be measured on a
+small machine. Results from replay models are always labelled as such.
+
+Waiting is paced: each layer's wait is added to a running debt and the thread sleeps only
+once the debt exceeds a fraction of a millisecond, so sleep overshoot does not accumulate
+over hundreds of short layers. A layer's gradient buffers are handed back to autograd
+unchanged every iteration (no allocation, no copy), as a GPU's backward would write them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..models import MODELS, Layer, ModelTable, ParamSpec, model_table
+
+REAL = {
+    "mlp": "MLP, 31.5M parameters (1024-2048-4096-4096-1024-10), batch 64",
+    "cnn": "small CNN, 1.2M parameters (4 conv + 2 linear, 32x32 inputs), batch 32",
+}
+REPLAY = {f"replay-{name}": f"replay of {name}" for name in ("vgg16", "resnet50", "transformer")}
+REPLAY["replay-mini"] = "replay of a small synthetic model (8 layers, 2.1M parameters, 40 ms compute), for smoke runs"
+
+
+def mini_table() -> ModelTable:
+    """Eight layers of 256K parameters (plus biases), 1.5 ms forward and 3.5 ms backward each."""
+    layers = tuple(
+        Layer(f"layer{i}", 1.5e-3, 3.5e-3, (ParamSpec(f"layer{i}.weight", 512 * 512), ParamSpec(f"layer{i}.bias", 512)))
+        for i in range(8)
+    )
+    return ModelTable("mini", layers, {"source": "synthetic"})
+
+
+class _Pacer:
+    """Sleeps the total of the waits asked for, without accumulating sleep overshoot."""
+
+    def __init__(self, quantum: float = 3e-4) -> None:
+        self.quantum = quantum
+        self.debt = 0.0
+
+    def wait(self, seconds: float) -> None:
+        self.debt += seconds
+        if self.debt >= self.quantum:
+            start = time.perf_counter()
+            time.sleep(self.debt)
+            self.debt -= time.perf_counter() - start
+
+
+class _ReplayOp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layer, *params):  # noqa: D401 - autograd signature
+        ctx.layer = layer
+        layer.pacer.wait(layer.forward_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        layer = ctx.layer
+        layer.pacer.wait(layer.backward_s)
+        return (grad, None, *layer.take_gradients())
+
+
+class ReplayLayer(nn.Module):
+    def __init__(self, name: str, forward_s: float, backward_s: float, sizes: list[int], pacer: _Pacer):
+        super().__init__()
+        self.label = name
+        self.forward_s = forward_s
+        self.backward_s = backward_s
+        self.pacer = pacer
+        self.weights = nn.ParameterList([nn.Parameter(torch.zeros(n)) for n in sizes])
+        self._buffers_out: list[torch.Tensor | None] = [None] * len(sizes)
+        self._hooks = []
+        self.track_gradients()
+
+    def track_gradients(self) -> None:
+        """(Re)register the hooks that keep each gradient buffer for the next iteration.
+        Call again after wrapping, so they run after the wrapper's own hooks and keep the
+        buffer the wrapper settled on."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._keep(i, p)) for i, p in enumerate(self.weights)
+        ]
+
+    def _keep(self, i: int, p: torch.Tensor) -> None:
+        self._buffers_out[i] = p.grad
+
+    def take_gradients(self) -> list[torch.Tensor]:
+        out = []
+        for i, p in enumerate(self.weights):
+            buffer = self._buffers_out[i]
+            self._buffers_out[i] = None  # autograd must hold the only reference to steal it
+            out.append(buffer if buffer is not None and buffer.shape == p.shape else torch.zeros_like(p))
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ReplayOp.apply(x, self, *self.weights)
+
+
+class ReplayNet(nn.Module):
+    def __init__(self, table: ModelTable) -> None:
+        super().__init__()
+        self.pacer = _Pacer()
+        self.layers = nn.ModuleList(
+            ReplayLayer(layer.name, layer.forward_s, layer.backward_s, [p.numel for p in layer.params], self.pacer)
+            for layer in table.layers
+        )
+
+    def track_gradients(self) -> None:
+        for layer in self.layers:
+            layer.track_gradients()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@dataclass
+class Workload:
+    name: str
+    description: str
+    replay: bool
+    build: Callable[[], nn.Module]
+    batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    table: ModelTable | None  # what the simulator predicts with (replay models only)
+
+
+def _mlp() -> nn.Module:
+    sizes = [1024, 2048, 4096, 4096, 1024, 10]
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+
+
+def _classify(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, y)
+
+
+def workload(name: str, batch: int = 32, device: str = "v100") -> Workload:
+    """The workload called ``name`` (see ``REAL`` and ``REPLAY``)."""
+    if name == "mlp":
+        return Workload(name, REAL[name], False, _mlp,
+                        lambda g: (torch.randn(64, 1024, generator=g), torch.randint(0, 10, (64,), generator=g)),
+                        _classify, None)
+    if name == "cnn":
+        return Workload(name, REAL[name], False, _cnn,
+                        lambda g: (torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)),
+                        _classify, None)
+    if name in REPLAY:
+        table = mini_table() if name == "replay-mini" else model_table(name.removeprefix("replay-"), batch, device)
+        detail = "" if name == "replay-mini" else f" ({device}, batch {batch}: {table.compute_s * 1e3:.0f} ms compute)"
+        return Workload(name, REPLAY[name] + detail,
+                        True, lambda: ReplayNet(table), lambda g: (torch.zeros(1), torch.zeros(1)),
+                        lambda out, y: out.sum(), table)
+    known = ", ".join([*REAL, *REPLAY])
+    raise ValueError(f"unknown bench model {name!r}; choose from: {known}")
+
+
+__all__ = ["MODELS", "REAL", "REPLAY", "ReplayNet", "Workload", "workload"]

@@ -1,0 +1,127 @@
+"""The emulated cluster and a smoke run of ``gradsched bench`` (real processes, real TCP
+through network namespaces and tc). Skipped where namespaces cannot be created."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradsched.bench import EmulatedCluster, available, remove_stale
+from gradsched.bench.netns import PREFIX
+
+HAVE_NETNS, WHY = available()
+needs_netns = pytest.mark.skipif(not HAVE_NETNS, reason=f"no network namespaces here: {WHY}")
+
+
+def leftovers() -> list[str]:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return [n for n in names if n.startswith(PREFIX + "t")] + [
+        line.split(":")[1].strip() for line in links.splitlines() if f" {PREFIX}t" in line
+    ]
+
+
+@needs_netns
+def test_cluster_is_built_limited_and_removed():
+    with EmulatedCluster(2, 1e9, run_id="t1") as cluster:
+        rates = subprocess.run(cluster.command(0, ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
+                               text=True).stdout
+        assert "tbf" in rates and "1Gbit" in rates
+        ping = subprocess.run(cluster.command(1, [sys.executable, "-c",
+                              f"import socket; s=socket.create_connection(('{cluster.addresses[0]}', 9), 1)"]),
+                              capture_output=True, text=True)
+        assert "Connection refused" in ping.stderr  # routed to rank 0's namespace, nothing listening
+    assert leftovers() == []
+
+
+@needs_netns
+def test_latency_needs_netem_or_says_so():
+    try:
+        with EmulatedCluster(2, 1e9, latency_s=1e-3, run_id="t4") as cluster:
+            shown = subprocess.run(cluster.command(0, ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
+                                   text=True).stdout
+            assert "netem" in shown and "tbf" in shown
+    except RuntimeError as exc:  # kernels without sch_netem (as on this project's machines)
+        assert "no netem qdisc" in str(exc)
+    assert leftovers() == []
+
+
+@needs_netns
+def test_cleanup_on_error_and_after_a_crash():
+    with pytest.raises(RuntimeError, match="boom"):
+        with EmulatedCluster(2, 1e9, run_id="t2"):
+            raise RuntimeError("boom")
+    assert leftovers() == []
+    subprocess.run(["ip", "netns", "add", f"{PREFIX}t3-0"], check=True)  # what a killed run leaves behind
+    with EmulatedCluster(2, None, run_id="t3"):
+        pass
+    assert leftovers() == []
+    assert remove_stale("t3") == []
+
+
+def test_bad_cluster_arguments():
+    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+        EmulatedCluster(2, 0.0)
+    with pytest.raises(ValueError, match="ranks"):
+        EmulatedCluster(0, 1e9)
+
+
+@needs_netns
+def test_smoke_run_two_workers(tmp_path):
+    """The CI smoke run: two ranks, one bandwidth, a few iterations, every field present."""
+    plot = tmp_path / "bench.png"
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--workers", "2", "--bandwidth",
+         "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "ddp,fifo,prophet", "--json", "--plot", str(plot),
+         "--trace-dir", str(tmp_path / "traces")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    assert data["emulated_network"] and data["replay"]
+    results = {r["policy"]: r for r in data["results"]}
+    assert set(results) == {"ddp", "fifo", "prophet"}
+    for row in results.values():
+        assert {"policy", "bandwidth_gbps", "iteration_s", "bound_s", "speedup_vs_ddp", "predicted_s"} <= set(row)
+        assert row["bandwidth_gbps"] == 1.0 and row["iteration_s"] > 0
+        assert row["iteration_s"] >= 0.8 * row["bound_s"]  # nothing beats the link by much
+    assert results["prophet"]["predicted_s"] > 0 and results["ddp"]["predicted_s"] is None
+    setting = data["settings"][0]
+    # 2.1M parameters over a 1 Gbit/s link take about 68 ms; compute is 40 ms of waits
+    assert 0.05 < setting["comm_s"] < 0.15 and 0.035 < setting["compute_s"] < 0.2
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        "fifo.rank0.json", "fifo.rank1.json", "prophet.rank0.json", "prophet.rank1.json"]
+    assert leftovers() == [] and not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                                text=True).stdout.split() if n.startswith(PREFIX)]
+
+
+@needs_netns
+def test_timeout_cleans_up():
+    out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--iters", "50",
+                          "--policy", "ddp", "--timeout", "3s"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "did not finish within 3 s" in out.stderr.strip().splitlines()[-1]
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(PREFIX)]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "alexnet"], "unknown bench model 'alexnet'"),
+        (["--policy", "ddp,magic"], "unknown policy 'magic'"),
+        (["--workers", "1"], "workers must be >= 2"),
+        (["--bandwidth", "0"], "bandwidth must be > 0"),
+        (["--bandwidth", "1G", "--sweep-bandwidth", "1,2"], "not both"),
+        (["--iters", "1"], "iters must be >= 3"),
+    ],
+)
+def test_bench_rejects_bad_input(argv, message):
+    out = subprocess.run([sys.executable, "-m", "gradsched", "bench", *argv], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert message in out.stderr.strip().splitlines()[-1]
