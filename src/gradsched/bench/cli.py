@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     bench.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     bench.add_argument("--batch", type=int, default=32, help="batch of replay models' profiles (default 32)")
     bench.add_argument("--device", default="v100", help="device preset of replay models' profiles (default v100)")
+    bench.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
+                       help="change a policy option, e.g. prophet.fuse_bytes=8MiB (repeatable)")
     bench.add_argument("--no-fallback", action="store_true",
                        help="keep each policy's own plans even where DDP-style buckets are predicted faster")
     bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
@@ -50,11 +52,18 @@ def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
     policies = tuple(p.strip() for p in args.policy.split(","))
     if len(set(policies)) != len(policies) or not all(policies):
         raise usage_error(f"each policy once, no empty items: {args.policy!r}")
+    options = []
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        policy, dot, option = key.partition(".")
+        if not (eq and dot and option):
+            raise usage_error(f"--set {item!r}: write POLICY.OPTION=VALUE, e.g. prophet.fuse_bytes=8MiB")
+        options.append((policy.strip(), option.strip(), value.strip()))
     return BenchConfig(
         model=args.model, workers=args.workers, bandwidths_bps=tuple(parse_bandwidth(t) for t in texts),
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
-        loopback=args.loopback, fallback=not args.no_fallback,
+        loopback=args.loopback, fallback=not args.no_fallback, options=tuple(options),
     )
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..core import policy_config
+from ..models.table import Layer, ModelTable
 from ..sim import Cluster, simulate
 from .netns import EmulatedCluster, available
 from .worker import MARK
@@ -47,6 +48,7 @@ class BenchConfig:
     timeout_s: float = 1800.0
     loopback: bool = False  # force loopback (no namespaces, no limit)
     fallback: bool = True  # let gradsched fall back to DDP-style buckets where predicted better
+    options: tuple[tuple[str, str, str], ...] = ()  # (policy, option, value), as --set gives them
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -55,10 +57,17 @@ class BenchConfig:
             raise ValueError(f"iters must be >= 3 and warmup >= 0, got {self.iters} and {self.warmup}")
         unknown = [p for p in self.policies if p not in BASELINES]
         for name in unknown:
-            policy_config(name)  # raises with the list of policies
+            policy_config(name, **self.policy_options(name))  # raises for unknown policies and options
+        for policy, _, _ in self.options:
+            if policy not in self.policies or policy in BASELINES:
+                raise ValueError(f"--set {policy}.*: {policy!r} is not a gradsched policy being measured")
         if not self.policies:
             raise ValueError("no policy to measure")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
+
+
+    def policy_options(self, policy: str) -> dict[str, str]:
+        return {option: value for name, option, value in self.options if name == policy}
 
 
 @dataclass
@@ -89,6 +98,7 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         "model": config.model, "batch": config.batch, "device": config.device, "iters": config.iters,
         "warmup": config.warmup, "policies": list(config.policies), "trace_dir": config.trace_dir,
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
+        "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
     })
     port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -166,24 +176,29 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
         }
         if work.table is not None and policy not in BASELINES:  # predict what actually ran
             ran = result.get("plan") or policy
-            row["predicted_s"] = predict(work.table, ran, raw["world_size"], raw["gradient_bytes"], comm,
-                                         raw["latency"], raw["overhead"])
+            options = config.policy_options(ran) if ran == policy else {}
+            row["predicted_s"] = predict(work.table, policy_config(ran, **options), raw["world_size"],
+                                         raw["gradient_bytes"], comm, compute, raw["latency"], raw["overhead"])
         setting.rows.append(row)
     return setting
 
 
-def predict(table, policy: str, workers: int, gradient_bytes: int, comm_s: float, latency_s: float,
-            overhead_s: float) -> float:
-    """The simulator's iteration time for ``policy`` on the link as measured: bandwidth from
-    the communication-only time, latency from one tiny all-reduce at a time, per-message
-    overhead from many in flight (so the prediction tests scheduling, not the tc rate)."""
+def predict(table, config, workers: int, gradient_bytes: int, comm_s: float, compute_s: float,
+            latency_s: float, overhead_s: float) -> float:
+    """The simulator's iteration time for policy ``config`` in the setting as measured:
+    bandwidth from the communication-only time, latency from one tiny all-reduce at a time,
+    per-message overhead from many in flight, and the layers' times scaled so that compute
+    matches the compute-only time (which includes the optimizer step the table lacks). So
+    the prediction tests scheduling, not the tc rate or the device preset."""
     per_byte = comm_s / gradient_bytes  # seconds per payload byte, as the ring moved them
     bandwidth = 8.0 * 2 * (workers - 1) / workers / per_byte
     overhead = min(overhead_s, latency_s)
     cluster = Cluster(workers, bandwidth_bps=bandwidth, latency_s=max(0.0, latency_s - overhead), overhead_s=overhead)
-    config = policy_config(policy)
+    scale = compute_s / table.compute_s if table.compute_s > 0 else 1.0
+    scaled = ModelTable(table.name, tuple(Layer(l.name, l.forward_s * scale, l.backward_s * scale, l.params)
+                                          for l in table.layers), table.meta)
     iterations = config.build().warmup_iterations + 6
-    return simulate(table, cluster, config, iterations=iterations, record=False).iteration_s
+    return simulate(scaled, cluster, config, iterations=iterations, record=False).iteration_s
 
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None,

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
 
-from .workloads import ReplayNet, workload
+from .workloads import workload
 
 MARK = "@@gradsched-bench "
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
@@ -95,9 +95,7 @@ def run(config: dict) -> None:
             model, opt = fresh()
             trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
             model, opt = gradsched.wrap(model, opt, policy, trace=trace, profile_rounds=config["profile_rounds"],
-                                        fallback=config["fallback"])
-            if isinstance(model, ReplayNet):
-                model.track_gradients()  # keep the buffers gradsched placed the gradients in
+                                        fallback=config["fallback"], policy_options=config["options"].get(policy))
             times = _time(_stepper(model, opt, load, work.loss), iters, warmup + config["profile_rounds"] + 2)
             stats = opt.stats
             detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"]}

@@ -8,8 +8,11 @@ small machine. Results from replay models are always labelled as such.
 
 Waiting is paced: each layer's wait is added to a running debt and the thread sleeps only
 once the debt exceeds a fraction of a millisecond, so sleep overshoot does not accumulate
-over hundreds of short layers. A layer's gradient buffers are handed back to autograd
-unchanged every iteration (no allocation, no copy), as a GPU's backward would write them.
+over hundreds of short layers. Each layer keeps one buffer per gradient and hands it back
+to autograd every iteration, which takes it over as the new ``.grad`` (no allocation, no
+copy), as a GPU's backward would write fresh gradients. The hooks that keep the buffers run
+before a wrapper's hooks, so whatever the wrapper then does with ``.grad`` (copy it into a
+bucket, say) costs what it costs with real gradients.
 """
 
 from __future__ import annotations
@@ -82,11 +85,7 @@ class ReplayLayer(nn.Module):
         self.track_gradients()
 
     def track_gradients(self) -> None:
-        """(Re)register the hooks that keep each gradient buffer for the next iteration.
-        Call again after wrapping, so they run after the wrapper's own hooks and keep the
-        buffer the wrapper settled on."""
-        for handle in self._hooks:
-            handle.remove()
+        """Register the hooks that keep each gradient buffer for the next iteration."""
         self._hooks = [
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._keep(i, p)) for i, p in enumerate(self.weights)
         ]
@@ -114,10 +113,6 @@ class ReplayNet(nn.Module):
             ReplayLayer(layer.name, layer.forward_s, layer.backward_s, [p.numel for p in layer.params], self.pacer)
             for layer in table.layers
         )
-
-    def track_gradients(self) -> None:
-        for layer in self.layers:
-            layer.track_gradients()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:

@@ -43,28 +43,41 @@ class _Round:
 
 
 class _Layout:
-    """Fusion buffers of one plan. A fused message made of whole tensors of one dtype gets a
-    flat buffer, and those tensors' gradients live in it as views ("homes"), so the message
-    is reduced in place: no copy in at launch, no copy back at completion."""
+    """Where the gradients live under one plan: one flat buffer per dtype and device, each
+    gradient a contiguous view of it ("home"), gradients in the order the plan first sends
+    them. A message whose slices are consecutive in that order is a view of the buffer too
+    and is reduced in place: no copy in at launch, no copy back. Others (a block that skipped
+    ahead to fill its budget, mixed dtypes) are copied into a temporary buffer and back."""
 
     def __init__(self, plan: Plan, index: dict[str, int], like: Sequence[torch.Tensor]) -> None:
         self.plan = plan
-        self.buffers: dict[int, torch.Tensor] = {}
-        self.homes: dict[int, torch.Tensor] = {}
+        order: list[int] = []
+        for message in plan.messages:
+            for name, _, _ in message.slices:
+                if index[name] not in order:
+                    order.append(index[name])
+        sizes: dict[tuple, int] = {}
+        place: dict[int, tuple[tuple, int]] = {}  # tensor -> (buffer key, first element)
+        for i in order:
+            key = (like[i].dtype, like[i].device)
+            place[i] = (key, sizes.get(key, 0))
+            sizes[key] = sizes.get(key, 0) + like[i].numel()
+        flat = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+        self.homes: dict[int, torch.Tensor] = {
+            i: flat[key][start : start + like[i].numel()].view_as(like[i]) for i, (key, start) in place.items()
+        }
+        self.buffers: dict[int, torch.Tensor] = {}  # message -> its range of a flat buffer
         for k, message in enumerate(plan.messages):
-            members = [index[name] for name, _, _ in message.slices]
-            whole = all(offset == 0 and numel == like[i].numel()
-                        for i, (_, offset, numel) in zip(members, message.slices))
-            kinds = {(like[i].dtype, like[i].device) for i in members}
-            if len(members) < 2 or not whole or len(kinds) != 1:
-                continue
-            dtype, device = kinds.pop()
-            buffer = torch.zeros(sum(like[i].numel() for i in members), dtype=dtype, device=device)
-            offset = 0
-            for i in members:
-                self.homes[i] = buffer[offset : offset + like[i].numel()].view_as(like[i])
-                offset += like[i].numel()
-            self.buffers[k] = buffer
+            ranges = []
+            for name, offset, numel in message.slices:
+                key, start = place[index[name]]
+                ranges.append((key, start + offset, numel))
+            key = ranges[0][0]
+            if all(r[0] == key for r in ranges) and all(
+                a[1] + a[2] == b[1] for a, b in zip(ranges, ranges[1:])
+            ):
+                first = ranges[0][1]
+                self.buffers[k] = flat[key][first : ranges[-1][1] + ranges[-1][2]]
 
 
 class Exchange:
@@ -252,7 +265,7 @@ class Exchange:
 
     def _launch(self, state: _Round, k: int, message: PlannedMessage, views: list[torch.Tensor], idle: bool,
                 fused: torch.Tensor | None) -> None:
-        if fused is not None:  # the gradients already live in the message's buffer
+        if fused is not None:  # the gradients already live, in order, in the message's range
             buffers = [fused]
             groups = None
         elif len(views) == 1:
