@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gradsched.bench import EmulatedCluster, available, remove_stale
-from gradsched.bench.netns import PREFIX
+from gradsched.bench.netns import PREFIX, _run_id
 
 HAVE_NETNS, WHY = available()
 needs_netns = pytest.mark.skipif(not HAVE_NETNS, reason=f"no network namespaces here: {WHY}")
@@ -60,6 +60,27 @@ def test_cleanup_on_error_and_after_a_crash():
         pass
     assert leftovers() == []
     assert remove_stale("t3") == []
+    # a run whose process is gone is recognised by its id (a pid in base 36) and removed
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"{PREFIX}{_run_id(dead.pid)}-0"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    assert stale in remove_stale()
+
+
+def test_sigterm_cleans_up(tmp_path):
+    if not HAVE_NETNS:
+        pytest.skip(WHY)
+    proc = subprocess.Popen([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--iters", "200",
+                             "--policy", "ddp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = f"{PREFIX}{_run_id(proc.pid)}"
+    for _ in range(100):  # wait until its namespaces exist
+        if run in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+            break
+        __import__("time").sleep(0.2)
+    proc.terminate()
+    proc.wait(timeout=60)
+    assert run not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 def test_bad_cluster_arguments():
@@ -125,3 +146,19 @@ def test_bench_rejects_bad_input(argv, message):
                          timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert message in out.stderr.strip().splitlines()[-1]
+
+
+def test_without_root_the_reason_is_given(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert available() == (False, "creating network namespaces needs root")
+
+
+def test_loopback_run_is_labelled_unlimited(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--loopback", "--iters", "3",
+         "--warmup", "1", "--policy", "ddp,bytescheduler"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "running on loopback WITHOUT a bandwidth limit" in out.stderr
+    assert "loopback, NO bandwidth limit" in out.stdout and "[REPLAY]" in out.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from ..units import parse_bandwidth, parse_duration
@@ -69,6 +70,8 @@ def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
 
 def cmd_bench(args: argparse.Namespace, usage_error) -> int:
     config = config_from(args, usage_error)
+    # a plain `kill` must clean up the namespaces too: turn SIGTERM into an exit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.trace_dir:
         import os
 

@@ -7,9 +7,9 @@ token bucket (``tbf``) on both ends of the pair: on ``eth0`` for what the rank s
 host side for what it receives; optional latency is ``netem`` in front of each bucket.
 
 Everything is created by :meth:`EmulatedCluster.__enter__` and removed by ``__exit__``,
-whatever happened in between; :func:`remove_stale` removes what an earlier, killed run
-left behind (every name starts with ``gs`` and the run id), so a second run after a crash
-still works. Needs root and iproute2's ``ip`` and ``tc``: :func:`available` says whether
+whatever happened in between; at every start, :func:`remove_stale` removes what earlier,
+killed runs left behind (names start with ``gs`` and the run id, the creating process's id
+in base 36, so a run whose process is gone is recognised), so a run after a crash works. Needs root and iproute2's ``ip`` and ``tc``: :func:`available` says whether
 they are usable and, if not, why.
 """
 
@@ -55,20 +55,47 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def _run_id(pid: int) -> str:
+    """A run id: the process id in base 36 (at most 5 characters, so names fit 15)."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        pid, d = divmod(pid, 36)
+        out = digits[d] + out
+        if not pid:
+            return out
+
+
+def _alive(run_id: str) -> bool:
+    try:
+        os.kill(int(run_id, 36), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_stale(run_id: str | None = None) -> list[str]:
-    """Delete namespaces and links of earlier runs (all runs if ``run_id`` is None)."""
-    pattern = re.compile(rf"^{PREFIX}{re.escape(run_id) if run_id else '[0-9a-z]+'}(-\d+|br)")
+    """Delete namespaces and links of earlier runs: of ``run_id``, or, if None, of every run
+    whose process is gone (run ids are the creating process's id in base 36)."""
+    pattern = re.compile(rf"^{PREFIX}({re.escape(run_id) if run_id else '[0-9a-z]+'})(-\d+|br)")
     removed = []
+
+    def stale(name: str) -> bool:
+        match = pattern.match(name)
+        return bool(match) and (run_id is not None or not _alive(match.group(1)))
+
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if pattern.match(name):
+        if stale(name):
             _run("ip", "netns", "del", name, check=False)
             removed.append(name)
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         parts = line.split(":")
         if len(parts) > 1:
             name = parts[1].strip().split("@")[0]
-            if pattern.match(name):
+            if stale(name):
                 _run("ip", "link", "del", name, check=False)
                 removed.append(name)
     return removed
@@ -87,7 +114,7 @@ class EmulatedCluster:
         self.ranks = ranks
         self.bandwidth_bps = bandwidth_bps
         self.latency_s = latency_s
-        self.run_id = run_id or f"{os.getpid() % 0xFFFF:x}"
+        self.run_id = run_id or _run_id(os.getpid())
         if not re.fullmatch(r"[0-9a-z]{1,5}", self.run_id):
             raise ValueError(f"run_id must be 1-5 lowercase letters or digits, got {self.run_id!r}")
         subnet = zlib.crc32(self.run_id.encode()) % 250
@@ -102,6 +129,7 @@ class EmulatedCluster:
 
     def __enter__(self) -> EmulatedCluster:
         remove_stale(self.run_id)
+        remove_stale()  # what killed runs left behind
         self._created = True
         try:
             _run("ip", "link", "add", self.bridge, "type", "bridge")

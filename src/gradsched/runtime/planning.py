@@ -83,10 +83,11 @@ class Planner:
             ready[name] = offsets[len(offsets) // 2]
         est = self.exchange.estimator
         measured = est.ready and est.seconds_per_byte > 0
-        link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
+        per_byte = max(est.seconds_per_byte, self._busy_per_byte(est.per_message)) if measured else 0.0
+        link = (est.latency, per_byte, est.per_message) if measured else ()
         policy, prediction = self.policy, None
         if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
-            prediction = self._predict(timings, est.latency, est.seconds_per_byte, est.per_message)
+            prediction = self._predict(timings, est.latency, per_byte, est.per_message)
             if prediction and prediction["use_fifo"]:
                 policy = FifoConfig()
         plan = make_plan(self.tensors, ready, policy, *link)
@@ -94,6 +95,15 @@ class Planner:
         if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
             return None, prediction
         return plan, prediction
+
+    def _busy_per_byte(self, overhead: float) -> float:
+        """Seconds per byte from whole rounds: the time some message was in flight, less the
+        per-message overhead, over the bytes moved. Fitted per message, the link can look
+        faster than it is (a token bucket lets bursts through); whole rounds cannot."""
+        total = sum(t.nbytes for t in self.tensors)
+        rates = [max(0.0, busy - overhead * len(plan.messages)) / total for _, busy, plan in
+                 self.exchange.link_history[-self.config.profile_rounds :]]
+        return sorted(rates)[len(rates) // 2] if rates else 0.0
 
     def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
                  overhead: float) -> dict[str, Any] | None:
