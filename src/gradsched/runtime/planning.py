@@ -83,10 +83,13 @@ class Planner:
             ready[name] = offsets[len(offsets) // 2]
         est = self.exchange.estimator
         measured = est.ready and est.seconds_per_byte > 0
-        per_byte = max(est.seconds_per_byte, self._busy_per_byte(est.per_message)) if measured else 0.0
-        link = (est.latency, per_byte, est.per_message) if measured else ()
+        link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
         policy, prediction = self.policy, None
         if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
+            # blocks are sized with the fitted link; the comparison with fifo uses the slower of
+            # that and whole-round occupancy, so a link that looks fast in bursts cannot
+            # make the buckets' exposed tail look short
+            per_byte = max(est.seconds_per_byte, self._busy_per_byte(est.per_message))
             prediction = self._predict(timings, est.latency, per_byte, est.per_message)
             if prediction and prediction["use_fifo"]:
                 policy = FifoConfig()
