@@ -110,7 +110,8 @@ class Coordinator:
                     ancestor = self._parent[ancestor]
         owners = {self._module_name[m]: [self.names[i] for i in idx] for m, idx in self._waits.items()}
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
-                               self.groups["control"], self.rank, self.world_size)
+                               self.groups["control"], self.rank, self.world_size, self.groups["buffers"],
+                               settle=lambda: self.exchange.wait_reduced(range(len(self.params)), "all parameters"))
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
         self._handles.append(self.model.register_forward_hook(self._after_root))
         for module in self.model.modules():

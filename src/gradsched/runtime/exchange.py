@@ -40,8 +40,6 @@ class _Round:
     messages_of: dict[int, list[int]] = field(default_factory=dict)  # tensor -> messages carrying it
     futures: dict[int, torch.futures.Future] = field(default_factory=dict)  # message -> result ready
     in_flight: int = 0
-    busy_s: float = 0.0  # time with at least one message in flight
-    busy_until: float = 0.0
 
 
 class _Layout:
@@ -109,7 +107,6 @@ class Exchange:
         self.reduced_round = [0] * n  # last round whose reduction of the tensor completed
         self.grads: list[torch.Tensor | None] = [None] * n
         self.estimator = LinkEstimator()
-        self.link_history: list[tuple[int, float, Plan]] = []  # (round, busy seconds, plan) of finished rounds
         self._timer = CompletionTimer(self.estimator)
         self._plans: list[tuple[int, Plan]] = [(1, plan)]  # (first round, plan)
         self.plans_adopted = 1
@@ -250,10 +247,7 @@ class Exchange:
                 state.remaining[i] = state.remaining.get(i, 0) + 1
                 state.messages_of.setdefault(i, []).append(k)
         self._rounds[round_index] = state
-        old = self._rounds.pop(round_index - 2, None)
-        if old is not None and all(old.done):
-            self.link_history.append((old.index, old.busy_s, old.plan))
-            del self.link_history[:-16]
+        self._rounds.pop(round_index - 2, None)
         return state
 
     def _launchable(self, state: _Round, k: int, message: PlannedMessage) -> bool:
@@ -317,8 +311,6 @@ class Exchange:
         with self.cond:
             state.done[k] = True
             state.in_flight -= 1
-            state.busy_s += max(0.0, now - max(launched_at, state.busy_until))
-            state.busy_until = max(state.busy_until, now)
             self._timer.finished(message.nbytes, launched_at, idle, now)
             for name, _, _ in message.slices:
                 i = self.index[name]

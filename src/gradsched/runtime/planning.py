@@ -11,7 +11,8 @@ point of ``optimizer.step()``, and the plan takes effect from the next round on.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,8 @@ from .profiling import RoundTiming, measured_table
 class Planner:
     def __init__(self, tensors: Sequence[TensorSpec], params: Sequence[torch.Tensor], policy: PolicyConfig,
                  config: RuntimeConfig, owners: dict[str, list[str]], exchange: Exchange,
-                 group: dist.ProcessGroup, rank: int, world_size: int) -> None:
+                 group: dist.ProcessGroup, rank: int, world_size: int,
+                 probe_group: dist.ProcessGroup | None = None, settle: Callable[[], None] | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -42,6 +44,10 @@ class Planner:
         self.rank = rank
         self.world_size = world_size
         self.timings: list[RoundTiming] = []  # of the latest closed rounds
+        self.probe_group = probe_group
+        self.settle = settle  # waits until no gradient is in flight
+        self.device = params[0].device
+        self.link: tuple[float, float, float] | None = None  # probed (latency, seconds/byte, overhead)
         self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
         self._done: set[int] = set()
 
@@ -63,6 +69,8 @@ class Planner:
         if not due or round_index in self._done:
             return
         self._done.add(round_index)
+        if self.link is None and self.config.fallback and self.world_size > 1 and self.policy.name != "fifo":
+            self.link = self._probe()
         proposal = [self._propose(round_index) if self.rank == 0 else None]
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan"):
@@ -86,11 +94,10 @@ class Planner:
         link = (est.latency, est.seconds_per_byte, est.per_message) if measured else ()
         policy, prediction = self.policy, None
         if self.config.fallback and policy.name != "fifo" and self.world_size > 1 and measured:
-            # blocks are sized with the fitted link; the comparison with fifo uses the slower of
-            # that and whole-round occupancy, so a link that looks fast in bursts cannot
-            # make the buckets' exposed tail look short
-            per_byte = max(est.seconds_per_byte, self._busy_per_byte(est.per_message))
-            prediction = self._predict(timings, est.latency, per_byte, est.per_message)
+            # plans use the link fitted during training; the comparison with fifo uses the
+            # probed one (training messages also wait for the slowest rank to join)
+            prediction = self._predict(timings, *(self.link or (est.latency, est.seconds_per_byte,
+                                                                est.per_message)))
             if prediction and prediction["use_fifo"]:
                 policy = FifoConfig()
         plan = make_plan(self.tensors, ready, policy, *link)
@@ -99,14 +106,37 @@ class Planner:
             return None, prediction
         return plan, prediction
 
-    def _busy_per_byte(self, overhead: float) -> float:
-        """Seconds per byte from whole rounds: the time some message was in flight, less the
-        per-message overhead, over the bytes moved. Fitted per message, the link can look
-        faster than it is (a token bucket lets bursts through); whole rounds cannot."""
-        total = sum(t.nbytes for t in self.tensors)
-        rates = [max(0.0, busy - overhead * len(plan.messages)) / total for _, busy, plan in
-                 self.exchange.link_history[-self.config.profile_rounds :]]
-        return sorted(rates)[len(rates) // 2] if rates else 0.0
+    def _probe(self) -> tuple[float, float, float]:
+        """Measure the link once, all ranks together, with nothing else in flight: seconds
+        per byte from an 8 MiB all-reduce, latency from one tiny all-reduce at a time, and
+        per-message overhead from many tiny ones in flight. (Messages timed during training
+        include waiting for the slowest rank to join, so they make a poor bandwidth gauge.)"""
+        if self.settle:
+            self.settle()
+        group = self.probe_group or self.group
+        big = torch.zeros(2 << 20, device=self.device)
+        tiny = [torch.zeros(16, device=self.device) for _ in range(32)]
+
+        def timed(action, repeats: int) -> float:
+            action()  # warm up
+            times = []
+            for _ in range(repeats):
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                start = time.perf_counter()
+                action()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                times.append(time.perf_counter() - start)
+            return sorted(times)[len(times) // 2]
+
+        with failing_rank("measuring the link"):
+            per_byte = timed(lambda: dist.all_reduce(big, group=group), 3) / (big.numel() * 4)
+            latency = timed(lambda: dist.all_reduce(tiny[0], group=group), 5)
+            overhead = timed(lambda: [w.wait() for w in [dist.all_reduce(t, group=group, async_op=True)
+                                                         for t in tiny]], 3) / len(tiny)
+        overhead = min(overhead, latency)
+        return max(0.0, latency - overhead), per_byte, overhead
 
     def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
                  overhead: float) -> dict[str, Any] | None:
@@ -119,7 +149,7 @@ class Planner:
         if table is None:
             return None
         links = [(latency, per_byte, overhead)]
-        if not self.exchange.estimator.separable:
+        if self.link is None and not self.exchange.estimator.separable:
             size, seconds = self.exchange.estimator.mean_queued
             links.append((latency, per_byte * 1e-3, seconds))  # (almost) everything per message
         result: dict[str, Any] = {"compute_s": table.compute_s, "latency_s": latency,
