@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=16)  # past the trial against buckets
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
@@ -123,13 +123,14 @@ def main() -> None:
     params = (256 * args.width + args.width) + (args.depth - 2) * (args.width**2 + args.width) + args.width * 10 + 10
     print(f"{args.ranks} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args.batch}, "
           f"median over {args.repeats} runs of the median of {args.iters} iterations")
-    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}  plan in use (predicted ms: policy / fifo)")
+    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}  plan in use (trial ms: policy / fifo; predicted)")
     for name, seconds in medians.items():
         note = ""
         if name in stats:
-            pred = stats[name].get("prediction")
-            guess = f" ({pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ""
-            note = f"  {stats[name]['plan_policy']}{guess}"
+            trial, pred = stats[name].get("trial"), stats[name].get("prediction")
+            measured = f" ({trial['policy_s'] * 1e3:.1f} / {trial['fifo_s'] * 1e3:.1f}" if trial else " (-"
+            guess = f"; {pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ")"
+            note = f"  {stats[name]['plan_policy']}{measured}{guess}"
         print(f"  {name:14s} {seconds * 1e3:8.2f} {seconds / medians['ddp']:6.3f}x{note}")
 
 

@@ -1,10 +1,13 @@
-"""Worker: train until communication fails; rank 0 reports how it failed and how fast.
+"""Worker (or server): train until communication fails; rank 0 reports how it failed and how fast.
 
-Rank 1 kills itself (SIGKILL, no clean-up) after 25 steps. Prints one JSON line on rank 0."""
+The rank named by VICTIM (default 1) kills itself (SIGKILL, no clean-up): a worker after 25
+steps, a parameter server (SERVERS > 0: the last ranks) 3 seconds after it started. Prints
+one JSON line per surviving rank."""
 
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -15,21 +18,26 @@ import gradsched
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+victim = int(os.environ.get("VICTIM", "1"))
+servers = int(os.environ.get("SERVERS", "0"))
+ps = {"architecture": "ps", "servers": servers} if servers else {}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
-model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler",
-                            policy_options={"partition_bytes": 16384, "credit_bytes": 65536}, timeout=30)
+if rank == victim and rank >= dist.get_world_size() - servers:
+    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 last_ok = time.monotonic()
 steps = 0
 try:
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler",
+                                policy_options={"partition_bytes": 16384, "credit_bytes": 65536}, timeout=30, **ps)
     while True:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         steps += 1
         last_ok = time.monotonic()
-        if steps == 25 and rank == 1:
+        if steps == 25 and rank == victim:
             os.kill(os.getpid(), signal.SIGKILL)
 except Exception as exc:  # noqa: BLE001 - the point of the test
     print(json.dumps({"steps": steps, "type": type(exc).__name__, "message": str(exc)[:300],

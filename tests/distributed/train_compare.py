@@ -112,7 +112,8 @@ def main() -> None:
                 slow_backward(model, rank, seed=len(report))
             opt, _ = make_optimizer(kind, model)
             model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy],
-                                        profile_rounds=2, replan_every=2, fallback=args.fallback)
+                                        profile_rounds=2, replan_every=2, fallback=args.fallback,
+                                        trial_rounds=2)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
             train(model, opt, sched, data)
             opt.synchronize()
@@ -125,6 +126,7 @@ def main() -> None:
             report[f"{policy}/{kind}"] = {"max_abs_diff": None if args.no_ddp else diff, "moved": moved,
                                           "plans_adopted": stats["plans_adopted"], "rounds": stats["rounds"],
                                           "plan_policy": stats["plan_policy"], "prediction": stats["prediction"],
+                                          "trial": stats["trial"],
                                           "checksum": [float(t.double().sum()) for t in final]}
     # every rank must hold identical parameters too
     gathered = [None] * dist.get_world_size()

@@ -23,7 +23,10 @@ def add_parser(sub) -> None:
                     "bound max(compute, communication). Needs root and iproute2; otherwise runs on loopback "
                     "without a limit (and says so).")
     bench.add_argument("--model", default="mlp", help=f"one of: {names} (default mlp)")
-    bench.add_argument("--workers", type=int, default=2, help="ranks (default 2)")
+    bench.add_argument("--workers", type=int, default=2, help="training ranks (default 2)")
+    bench.add_argument("--arch", default="allreduce", choices=("allreduce", "ps"),
+                       help="all-reduce (default) or parameter servers (ps: compared with the fifo policy)")
+    bench.add_argument("--servers", type=int, default=0, help="parameter servers, each a rank of its own (--arch ps)")
     bench.add_argument("--bandwidth", help="link bandwidth per rank and direction, e.g. 5Gbit (default 5Gbit)")
     bench.add_argument("--sweep-bandwidth", help="comma list of bandwidths, bare numbers in Gbit/s: 1,2,5")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
@@ -45,6 +48,8 @@ def add_parser(sub) -> None:
 
 
 def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
+    if args.arch == "ps" and args.policy == DEFAULT_POLICIES:
+        args.policy = DEFAULT_POLICIES.replace("ddp,", "")
     if args.sweep_bandwidth and args.bandwidth:
         raise usage_error("use either --bandwidth or --sweep-bandwidth, not both")
     texts = args.sweep_bandwidth.split(",") if args.sweep_bandwidth else [args.bandwidth or "5Gbit"]
@@ -64,7 +69,8 @@ def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
         model=args.model, workers=args.workers, bandwidths_bps=tuple(parse_bandwidth(t) for t in texts),
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
-        loopback=args.loopback, fallback=not args.no_fallback, options=tuple(options),
+        loopback=args.loopback, fallback=not args.no_fallback, options=tuple(options), arch=args.arch,
+        servers=args.servers,
     )
 
 

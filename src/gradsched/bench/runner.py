@@ -26,7 +26,7 @@ from ..core import policy_config
 from ..models.table import Layer, ModelTable
 from ..sim import Cluster, simulate
 from .netns import EmulatedCluster, available
-from .worker import MARK
+from .protocol import MARK
 from .workloads import workload
 
 BASELINES = ("ddp", "ddp-tuned")
@@ -49,10 +49,23 @@ class BenchConfig:
     loopback: bool = False  # force loopback (no namespaces, no limit)
     fallback: bool = True  # let gradsched fall back to DDP-style buckets where predicted better
     options: tuple[tuple[str, str, str], ...] = ()  # (policy, option, value), as --set gives them
+    arch: str = "allreduce"  # or "ps": ``servers`` more ranks, each in its own namespace
+    servers: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 2:
             raise ValueError(f"workers must be >= 2 (communication needs two), got {self.workers}")
+        if self.arch not in ("allreduce", "ps"):
+            raise ValueError(f"arch must be allreduce or ps, got {self.arch!r}")
+        if self.arch == "ps":
+            if self.servers < 1:
+                raise ValueError(f"--arch ps needs --servers >= 1, got {self.servers}")
+            baselines = [p for p in self.policies if p in BASELINES]
+            if baselines:
+                raise ValueError(f"{', '.join(baselines)} use all-reduce; with --arch ps the reference is the fifo "
+                                 "policy over the servers: drop them from --policy")
+        elif self.servers:
+            raise ValueError("--servers only applies to --arch ps")
         if self.iters < 3 or self.warmup < 0:
             raise ValueError(f"iters must be >= 3 and warmup >= 0, got {self.iters} and {self.warmup}")
         unknown = [p for p in self.policies if p not in BASELINES]
@@ -65,6 +78,15 @@ class BenchConfig:
             raise ValueError("no policy to measure")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
 
+
+    @property
+    def ranks(self) -> int:
+        return self.workers + self.servers
+
+    @property
+    def reference(self) -> str:
+        """What speed-ups are measured against."""
+        return "fifo" if self.arch == "ps" else "ddp"
 
     def policy_options(self, policy: str) -> dict[str, str]:
         return {option: value for name, option, value in self.options if name == policy}
@@ -99,6 +121,7 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         "warmup": config.warmup, "policies": list(config.policies), "trace_dir": config.trace_dir,
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
+        "arch": config.arch, "servers": config.servers,
     })
     port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -115,8 +138,8 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
     watchdog = threading.Timer(config.timeout_s, kill_all)
     watchdog.daemon = True
     try:
-        for rank in range(config.workers):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(config.workers), LOCAL_RANK=str(rank),
+        for rank in range(config.ranks):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(config.ranks), LOCAL_RANK=str(rank),
                        MASTER_ADDR=master, MASTER_PORT=str(port), OMP_NUM_THREADS="1")
             if cluster is not None:
                 env["GLOO_SOCKET_IFNAME"] = cluster.interface
@@ -161,7 +184,10 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
     comm = statistics.median(raw["comm"])
     setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"])
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
-    reference = medians.get("ddp") or medians.get("ddp-tuned")
+    if config.arch == "ps":
+        reference = medians.get("fifo")
+    else:
+        reference = medians.get("ddp") or medians.get("ddp-tuned")
     work = workload(config.model, config.batch, config.device)
     for policy, result in raw["policies"].items():
         row = {
@@ -170,30 +196,35 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             "iteration_s": medians[policy],
             "bound_s": setting.bound_s,
             "ratio_to_bound": medians[policy] / setting.bound_s,
-            "speedup_vs_ddp": reference / medians[policy] if reference else None,
+            "speedup_vs_ddp": reference / medians[policy] if reference and config.arch == "allreduce" else None,
+            **({"speedup_vs_fifo": reference / medians[policy] if reference else None} if config.arch == "ps" else {}),
             "predicted_s": None,
             **{k: v for k, v in result.items() if k != "times"},
         }
         if work.table is not None and policy not in BASELINES:  # predict what actually ran
             ran = result.get("plan") or policy
             options = config.policy_options(ran) if ran == policy else {}
-            row["predicted_s"] = predict(work.table, policy_config(ran, **options), raw["world_size"],
-                                         raw["gradient_bytes"], comm, compute, raw["latency"], raw["overhead"])
+            row["predicted_s"] = predict(work.table, policy_config(ran, **options), config.workers,
+                                         raw["gradient_bytes"], comm, compute, raw["latency"], raw["overhead"],
+                                         config.servers if config.arch == "ps" else 0)
         setting.rows.append(row)
     return setting
 
 
 def predict(table, config, workers: int, gradient_bytes: int, comm_s: float, compute_s: float,
-            latency_s: float, overhead_s: float) -> float:
+            latency_s: float, overhead_s: float, servers: int = 0) -> float:
     """The simulator's iteration time for policy ``config`` in the setting as measured:
     bandwidth from the communication-only time, latency from one tiny all-reduce at a time,
     per-message overhead from many in flight, and the layers' times scaled so that compute
     matches the compute-only time (which includes the optimizer step the table lacks). So
-    the prediction tests scheduling, not the tc rate or the device preset."""
-    per_byte = comm_s / gradient_bytes  # seconds per payload byte, as the ring moved them
-    bandwidth = 8.0 * 2 * (workers - 1) / workers / per_byte
+    the prediction tests scheduling, not the tc rate or the device preset. ``servers``:
+    parameter servers (0: ring all-reduce)."""
+    per_byte = comm_s / gradient_bytes  # seconds per payload byte, as the ring (or push/pull) moved them
+    share = max(1.0, workers / servers) if servers else 2 * (workers - 1) / workers
+    bandwidth = 8.0 * share / per_byte
     overhead = min(overhead_s, latency_s)
-    cluster = Cluster(workers, bandwidth_bps=bandwidth, latency_s=max(0.0, latency_s - overhead), overhead_s=overhead)
+    cluster = Cluster(workers, bandwidth_bps=bandwidth, latency_s=max(0.0, latency_s - overhead), overhead_s=overhead,
+                      arch="ps" if servers else "allreduce", servers=servers)
     scale = compute_s / table.compute_s if table.compute_s > 0 else 1.0
     scaled = ModelTable(table.name, tuple(Layer(l.name, l.forward_s * scale, l.backward_s * scale, l.params)
                                           for l in table.layers), table.meta)
@@ -217,7 +248,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
                 progress(f"[{done + 1}/{total}] {label}: {message['policy']}")
 
         if ok:
-            with EmulatedCluster(config.workers, bandwidth, config.latency_s) as cluster:
+            with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:
                 raw = _launch(config, cluster, show)
         else:
             raw = _launch(config, None, show)
@@ -232,6 +263,8 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "replay": work.replay,
         "description": work.description,
         "workers": config.workers,
+        "arch": config.arch,
+        "servers": config.servers,
         "latency_s": config.latency_s,
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
@@ -246,16 +279,19 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
     lines = []
     for s in settings:
         where = f"{s.bandwidth_bps / 1e9:g} Gbit/s per link (tc)" if s.limited else "loopback, NO bandwidth limit"
-        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers · {where}"
+        arch = f" + {config.servers} parameter servers" if config.arch == "ps" else ""
+        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
                      f" bound {s.bound_s * 1e3:.1f} ms; per message {s.latency_s * 1e3:.2f} ms alone,"
                      f" {s.overhead_s * 1e3:.2f} ms pipelined")
-        lines.append(f"  {'policy':<14} {'iter ms':>9} {'x bound':>8} {'vs ddp':>7} {'predicted':>10}  plan")
+        versus = f"vs {config.reference}"
+        lines.append(f"  {'policy':<14} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10}  plan")
         for row in s.rows:
             predicted = f"{row['predicted_s'] * 1e3:8.1f}ms" if row.get("predicted_s") else f"{'-':>10}"
-            speedup = f"{row['speedup_vs_ddp']:6.3f}x" if row.get("speedup_vs_ddp") else f"{'-':>7}"
+            gain = row.get(f"speedup_vs_{config.reference}")
+            speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.get("plan") or (f"buckets {row['bucket_cap_mb']} MB" if "bucket_cap_mb" in row else "")
             lines.append(f"  {row['policy']:<14} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "
                          f"{speedup} {predicted}  {plan}")

@@ -4,8 +4,10 @@ Started by the runner (inside a network namespace, or on loopback) with the usua
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``. For every policy it builds the
 workload afresh, warms up and times iterations; then it times the same iterations without
 any communication (compute only) and the communication alone (every gradient byte
-all-reduced in DDP-sized buckets, no compute). Rank 0 prints progress lines and one result
-line, each a JSON object after a marker the runner looks for.
+all-reduced in DDP-sized buckets, no compute; with parameter servers, the fifo policy's
+25 MiB buckets pushed and pulled after a backward pass that computes nothing). Rank 0
+prints progress lines and one result line, each a JSON object after a marker the runner
+looks for. With parameter servers the last ranks serve every policy in turn.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
+import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 
+from .protocol import MARK
 from .workloads import workload
 
-MARK = "@@gradsched-bench "
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
+TRIAL_ROUNDS = 4
 
 
 def emit(kind: str, **fields) -> None:
@@ -33,10 +37,10 @@ def emit(kind: str, **fields) -> None:
         print(MARK + json.dumps({"kind": kind, **fields}), flush=True)
 
 
-def _time(step, iters: int, warmup: int) -> list[float]:
+def _time(step, iters: int, warmup: int, group=None) -> list[float]:
     for _ in range(warmup):
         step()
-    dist.barrier()
+    dist.barrier(group=group)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
@@ -58,7 +62,11 @@ def _stepper(model, optimizer, load, loss_fn):
 
 def run(config: dict) -> None:
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    servers = config.get("servers", 0) if config.get("arch") == "ps" else 0
+    workers = world - servers
+    group = dist.new_group(list(range(workers))) if servers else None  # every rank creates it
+    ps_options = {"architecture": "ps", "servers": servers, "exit_server": False} if servers else {}
     work = workload(config["model"], config["batch"], config["device"])
     generator = torch.Generator().manual_seed(1 + rank)
     load = lambda: work.batch(generator)  # noqa: E731
@@ -95,49 +103,92 @@ def run(config: dict) -> None:
             model, opt = fresh()
             trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
             model, opt = gradsched.wrap(model, opt, policy, trace=trace, profile_rounds=config["profile_rounds"],
-                                        fallback=config["fallback"], policy_options=config["options"].get(policy))
-            times = _time(_stepper(model, opt, load, work.loss), iters, warmup + config["profile_rounds"] + 2)
+                                        fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS,
+                                        policy_options=config["options"].get(policy), **ps_options)
+            if opt is None:  # a parameter server: it served this policy's run
+                continue
+            # untimed: profiling, and the trial against DDP-style buckets (see gradsched.runtime.planning)
+            settle = config["profile_rounds"] + (2 * TRIAL_ROUNDS + 3 if config["fallback"] else 2)
+            times = _time(_stepper(model, opt, load, work.loss), iters, warmup + settle, group)
             stats = opt.stats
-            detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"]}
+            detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"]}
             opt.close()
             del model, opt
         results[policy] = {"times": times, **detail}
 
+    if rank >= workers:  # serve the communication-only run, then leave
+        _push_pull_only(fresh, config, ps_options, group, iters)
+        dist.destroy_process_group()
+        return
+
     # compute only: the same iterations, no communication at all
     emit("progress", policy="compute only", index=len(config["policies"]), total=len(config["policies"]) + 2)
     model, opt = fresh()
-    compute = _time(_stepper(model, opt, load, work.loss), iters, warmup)
+    compute = _time(_stepper(model, opt, load, work.loss), iters, warmup, group)
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     sizes = [p.numel() for p in model.parameters()][::-1]
     del model, opt
 
-    # communication only: every gradient byte in 25 MiB buckets, as DDP sends it
     emit("progress", policy="communication only", index=len(config["policies"]) + 1,
          total=len(config["policies"]) + 2)
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current * 4 >= 25 << 20:
+    if servers:
+        comm = _push_pull_only(fresh, config, ps_options, group, iters)
+    else:  # every gradient byte in 25 MiB buckets, as DDP sends it
+        buckets, current = [], 0
+        for n in sizes:
+            current += n
+            if current * 4 >= 25 << 20:
+                buckets.append(torch.zeros(current))
+                current = 0
+        if current:
             buckets.append(torch.zeros(current))
-            current = 0
-    if current:
-        buckets.append(torch.zeros(current))
 
-    def communicate() -> None:
-        for work_ in [dist.all_reduce(b, async_op=True) for b in buckets]:
-            work_.wait()
+        def communicate() -> None:
+            for work_ in [dist.all_reduce(b, async_op=True) for b in buckets]:
+                work_.wait()
 
-    comm = _time(communicate, max(3, iters // 2), 2)
+        comm = _time(communicate, max(3, iters // 2), 2)
 
     # per-message costs: one tiny all-reduce at a time (latency), then many in flight at
     # once (the serial cost per message that pipelining does not hide)
     tiny = [torch.zeros(16) for _ in range(64)]
-    latency = _time(lambda: dist.all_reduce(tiny[0]), 20, 3)
-    pipelined = _time(lambda: [w.wait() for w in [dist.all_reduce(t, async_op=True) for t in tiny]], 5, 1)
+    latency = _time(lambda: dist.all_reduce(tiny[0], group=group), 20, 3, group)
+    pipelined = _time(lambda: [w.wait() for w in [dist.all_reduce(t, group=group, async_op=True) for t in tiny]],
+                      5, 1, group)
     emit("result", policies=results, compute=compute, comm=comm, gradient_bytes=gradient_bytes,
-         world_size=dist.get_world_size(), latency=statistics.median(latency),
-         overhead=statistics.median(pipelined) / len(tiny))
+         world_size=workers, latency=statistics.median(latency), overhead=statistics.median(pipelined) / len(tiny))
     dist.destroy_process_group()
+
+
+class _Carrier(nn.Module):
+    """Parameters of the workload's shapes, in its order, and a forward pass that computes
+    (almost) nothing: a real wrapped model whose iterations are communication only."""
+
+    def __init__(self, like: nn.Module) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(torch.zeros_like(p)) for p in like.parameters()])
+
+    def forward(self) -> torch.Tensor:
+        return torch.stack([p.reshape(-1)[0] for p in self.weights]).sum()
+
+
+def _push_pull_only(fresh, config: dict, ps_options: dict, group, iters: int) -> list[float] | None:
+    """Every gradient byte pushed to the servers and pulled back in the fifo policy's
+    buckets, after a backward pass that computes nothing. Servers serve it (None)."""
+    carrier = _Carrier(fresh()[0])
+    opt = torch.optim.SGD(carrier.parameters(), lr=0.0)
+    carrier, opt = gradsched.wrap(carrier, opt, "fifo", profile_rounds=config["profile_rounds"], **ps_options)
+    if opt is None:
+        return None
+
+    def communicate() -> None:
+        opt.zero_grad()
+        carrier().backward()
+        opt.step()
+
+    times = _time(communicate, max(3, iters // 2), 2 + config["profile_rounds"] + 2, group)
+    opt.close()
+    return times
 
 
 if __name__ == "__main__":

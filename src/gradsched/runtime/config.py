@@ -16,15 +16,26 @@ class RuntimeConfig:
     timeout_s: float = 300.0  # give up on a stuck or dead rank after this long
     fallback: bool = True  # use DDP-style buckets when the policy is not predicted to beat them
     fallback_gain: float = 0.02  # ... by at least this fraction of the iteration time
+    trial_rounds: int = 4  # backward passes per arm of the measured comparison with the buckets
     trace: str | None = None  # write a Chrome trace of this rank's run here (".rank{N}" is added)
+    architecture: str = "allreduce"  # or "ps": the last ``servers`` ranks are parameter servers
+    servers: int = 0  # ps only
 
     def __post_init__(self) -> None:
         if self.profile_rounds < 1:
             raise ValueError(f"profile_rounds must be >= 1, got {self.profile_rounds}")
         if self.replan_every < 0:
             raise ValueError(f"replan_every must be >= 0 (0: never), got {self.replan_every}")
+        if self.trial_rounds < 2:
+            raise ValueError(f"trial_rounds must be >= 2, got {self.trial_rounds}")
         if not 0.0 <= self.fallback_gain < 1.0:
             raise ValueError(f"fallback_gain must be in [0, 1), got {self.fallback_gain}")
+        if self.architecture not in ("allreduce", "ps"):
+            raise ValueError(f"architecture must be 'allreduce' or 'ps', got {self.architecture!r}")
+        if self.architecture == "ps" and self.servers < 1:
+            raise ValueError(f"architecture='ps' needs servers >= 1, got {self.servers}")
+        if self.architecture == "allreduce" and self.servers:
+            raise ValueError("servers only apply to architecture='ps'")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
 

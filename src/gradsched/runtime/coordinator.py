@@ -30,6 +30,7 @@ from .exchange import Exchange
 from .planning import Planner
 from .profiling import RoundTiming
 from .tracing import RunTrace
+from .transport import Transport
 from .updates import DeferredUpdates, clear_grad
 
 
@@ -45,6 +46,7 @@ class Coordinator:
         groups: dict[str, dist.ProcessGroup],
         rank: int,
         world_size: int,
+        transport: Transport | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -61,10 +63,10 @@ class Coordinator:
             for i, (name, p) in enumerate(zip(self.names, self.params))
         ]
         self.trace = RunTrace(rank) if config.trace else None
-        plan = make_plan(self.tensors, default_ready_times(self.tensors), policy)
+        plan = make_plan(self.tensors, default_ready_times(self.tensors), policy, arch=config.architecture)
         self.exchange = Exchange(
             self.tensors, self.params, plan, groups["data"], world_size, config.timeout_s,
-            self.trace.on_exchange if self.trace else None,
+            self.trace.on_exchange if self.trace else None, transport,
         )
         self.round = 0
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
@@ -203,7 +205,7 @@ class Coordinator:
         if not self._round_open:
             return
         self._round_open = False
-        self.planner.record(self._timing)
+        self.planner.record(self._timing, self.round)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
         if missing and not self.config.find_unused_parameters:
             names = [self.names[i] for i in missing[:5]]
@@ -277,6 +279,16 @@ class Coordinator:
         self._close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
 
+    def _release_groups(self) -> None:
+        """Drop every reference to gradsched's process groups. The objects here form cycles
+        (hooks refer back to them), so otherwise the groups would be freed by the garbage
+        collector at some later point, possibly while the interpreter exits, and a
+        backend torn down then can abort the process."""
+        self.groups = {}
+        self.exchange.group = None
+        self.exchange.transport = None
+        self.planner.group = self.planner.probe_group = None
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         self._no_sync += 1
@@ -298,6 +310,7 @@ class Coordinator:
             "link_bytes_per_s": est.bytes_per_second,
             "plan_policy": plan.policy,
             "prediction": self.planner.prediction,
+            "trial": self.planner.trial,
         }
 
     def _broadcast_buffers(self) -> None:
@@ -316,17 +329,24 @@ class Coordinator:
                     b.copy_(flat[offset : offset + b.numel()].view_as(b))
                     offset += b.numel()
 
-    def close(self) -> None:
+    def idle(self) -> bool:
+        """Nothing failed and no gradient handed over is still being communicated."""
+        ex = self.exchange
+        return ex.error is None and not self._broken and not any(ex.in_flight(i) for i in range(len(self.params)))
+
+    def close(self, wait: bool = True) -> None:
+        """Detach and stop; with ``wait``, first finish the communication in flight."""
         if self._closed:
             return
         try:
-            if not self._broken and self.exchange.error is None:
+            if wait and not self._broken and self.exchange.error is None:
                 self.synchronize()
         finally:
             self._closed = True
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
-            self.exchange.close()
+            self.exchange.close(wait=wait)
+            self._release_groups()
             if self.trace:
                 self.trace.save(self.config.trace)

@@ -1,7 +1,8 @@
 """The exchange: moves gradients between ranks by following a :class:`~gradsched.sim.plan.Plan`.
 
 One launcher thread per rank walks the plan of each round in order and starts message k
-(an async all-reduce on the data group) as soon as every earlier message has started, its
+(an async all-reduce on the data group, or a push to a parameter server and a pull back:
+see :mod:`gradsched.runtime.transport`) as soon as every earlier message has started, its
 gradients are ready on this rank, and the event that released it in the plan has happened
 here too. Completion callbacks copy fused results back and mark gradients reduced. The
 main thread only reports ready gradients and waits for reduced ones.
@@ -25,6 +26,7 @@ from ..core.estimator import CompletionTimer, LinkEstimator
 from ..core.task import TensorSpec
 from ..sim.plan import Plan, PlannedMessage
 from .errors import GradschedError
+from .transport import AllReduce, Transport
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Exchange:
         world_size: int,
         timeout_s: float,
         on_event: Callable[..., None] | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.tensors = list(tensors)
         self.index = {t.name: i for i, t in enumerate(self.tensors)}
@@ -110,6 +113,9 @@ class Exchange:
         self._timer = CompletionTimer(self.estimator)
         self._plans: list[tuple[int, Plan]] = [(1, plan)]  # (first round, plan)
         self.plans_adopted = 1
+        self._versions = {1: 1}  # first round of a plan -> its number in adoption order
+        self.transport = transport or AllReduce(group)
+        self.transport.announce(plan, 1)
         self._rounds: dict[int, _Round] = {}
         self.error: BaseException | None = None
         self._closed = False
@@ -149,6 +155,8 @@ class Exchange:
         with self.cond:
             self._plans.append((first_round, plan))
             self.plans_adopted += 1
+            self._versions[first_round] = self.plans_adopted
+            self.transport.announce(plan, self.plans_adopted)
 
     def plan_for(self, round_index: int) -> Plan:
         return max((p for p in self._plans if p[0] <= round_index), key=lambda p: p[0])[1]
@@ -187,12 +195,30 @@ class Exchange:
                     waited.add((state.index, k))
                     state.futures[k].wait()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the launcher thread and let go of every collective's future and buffer.
+
+        With ``wait``, results still in flight are waited for (bounded by the timeout), so that no
+        communication thread of the backend runs a callback of ours, or frees a tensor
+        created here, after the interpreter has begun to exit (which aborts the process)."""
         with self.cond:
             self._closed = True
             self.cond.notify_all()
             self._launcher.notify_all()
         self._thread.join(timeout=5.0)
+        with self.cond:
+            pending = [f for state in self._rounds.values() for f in state.futures.values()]
+            self._rounds.clear()
+            self._layouts.clear()
+            self.grads = [None] * len(self.grads)
+        for future in pending:
+            if self.error is not None or not wait:
+                break  # a failed collective: the backend's timeout ends the rest
+            try:
+                future.wait()
+            except Exception:  # noqa: BLE001 - reported through self.error
+                pass
+        self.transport.close(wait and self.error is None)
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -238,8 +264,12 @@ class Exchange:
 
     def _start_round(self, round_index: int) -> _Round:
         plan = self.plan_for(round_index)
+        first = max(f for f, p in self._plans if p is plan)
+        self.transport.begin_round(round_index, self._versions[first])
         # plans that took effect before this round's are no longer needed
         self._plans = [(first, p) for first, p in self._plans if first > round_index or p is plan]
+        kept = {f for f, _ in self._plans}
+        self._versions = {f: v for f, v in self._versions.items() if f in kept}
         state = _Round(round_index, plan, self._layout(plan), done=[False] * len(plan.messages))
         for k, message in enumerate(plan.messages):
             for name, _, _ in message.slices:
@@ -278,24 +308,26 @@ class Exchange:
             groups = [by_dtype[d] for d in sorted(by_dtype, key=str)]
             buffers = [torch.cat(g) for g in groups]
         launched_at = time.perf_counter()
-        works = []
         for buffer in buffers:
             buffer.div_(self.world_size)
-            works.append(dist.all_reduce(buffer, group=self.group, async_op=True))
+        started, results = self.transport.start(k, state.plan, buffers)
         if self.on_event:
             self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at,
                           names=[name for name, _, _ in message.slices])
-        futures = torch.futures.collect_all([w.get_future() for w in works])
+        futures = torch.futures.collect_all(started)
         # then(): the returned future also covers the copy back, in CUDA stream order
         state.futures[k] = futures.then(
-            lambda fut: self._finished(fut, state, k, message, buffers, groups, launched_at, idle)
+            lambda fut: self._finished(fut, state, k, message, buffers, results, groups, launched_at, idle)
         )
 
-    def _finished(self, fut, state, k, message, buffers, groups, launched_at, idle) -> None:
+    def _finished(self, fut, state, k, message, buffers, results, groups, launched_at, idle) -> None:
         now = time.perf_counter()
         try:
             for inner in fut.value():
                 inner.value()  # raises if the collective failed
+            for buffer, result in zip(buffers, results):
+                if result is not buffer:  # pulled from a server into a buffer of its own
+                    buffer.copy_(result)
             if groups is not None:
                 for buffer, views in zip(buffers, groups):  # the views alias the gradients
                     offset = 0

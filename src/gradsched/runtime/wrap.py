@@ -11,8 +11,10 @@ Run under ``torchrun`` after ``torch.distributed.init_process_group`` (gloo or N
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import sys
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -26,8 +28,22 @@ from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
+from . import ps
+from .server import Server
 
 _WRAPPED: weakref.WeakSet = weakref.WeakSet()
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # coordinators, closed at exit if the user did not
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Stop launcher threads and drop collective callbacks while the interpreter is whole:
+    a backend thread entering Python during interpreter shutdown aborts the process."""
+    for coordinator in list(_OPEN):
+        try:  # wait only if nothing is in flight: a normal end; parameter servers then stop too
+            coordinator.close(wait=coordinator.idle())
+        except Exception:  # noqa: BLE001 - the process is ending; the peers time out
+            pass
 
 
 def wrap(
@@ -44,7 +60,11 @@ def wrap(
     timeout: float = 300.0,
     trace: str | None = None,
     fallback: bool = True,
-) -> tuple[nn.Module, ScheduledOptimizer]:
+    trial_rounds: int = 4,
+    architecture: str = "allreduce",
+    servers: int = 0,
+    exit_server: bool = True,
+) -> tuple[nn.Module, ScheduledOptimizer | None]:
     """Schedule ``model``'s gradient communication with ``policy`` and apply ``optimizer``
     per parameter. Returns the same model (with hooks attached) and the optimizer to use.
 
@@ -62,9 +82,19 @@ def wrap(
         timeout: seconds after which a stuck or dead rank makes the others fail.
         trace: write a Chrome trace of this rank to this path (``.rank{N}`` is inserted)
             when the optimizer is closed.
-        fallback: at each re-planning point, simulate the measured model under the policy
-            and under DDP-style buckets (fifo), and use the buckets unless the policy is
-            predicted to be at least 2% faster: never meaningfully slower than DDP.
+        fallback: measure the policy against DDP-style buckets (fifo) at the first control
+            point, ``trial_rounds`` backward passes each, and keep the buckets unless the
+            policy is at least 2% faster: never meaningfully slower than DDP.
+        trial_rounds: backward passes per arm of that comparison (the first of each is
+            not counted).
+        architecture: ``"allreduce"``, or ``"ps"`` for parameter servers: the last
+            ``servers`` ranks serve and the others train (see :mod:`gradsched.runtime.ps`).
+            On a server rank this call runs the server until the workers close their
+            optimizers, destroys the process group and exits the process (status 0), so
+            the training loop after it runs on workers only.
+        servers: the number of parameter servers (``architecture="ps"`` only).
+        exit_server: with ``False``, a server rank returns ``(model, None)`` once the
+            workers are done instead of ending the process (to serve several wraps in turn).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise GradschedError(
@@ -87,7 +117,7 @@ def wrap(
     runtime = RuntimeConfig(
         find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
         broadcast_parameters=broadcast_parameters, profile_rounds=profile_rounds, replan_every=replan_every,
-        timeout_s=float(timeout), fallback=fallback, trace=trace,
+        timeout_s=float(timeout), fallback=fallback, trial_rounds=trial_rounds, trace=trace, architecture=architecture, servers=servers,
     )
 
     names, params = _trainable(model)
@@ -102,16 +132,41 @@ def wrap(
 
     rank, world = dist.get_rank(), dist.get_world_size()
     wait = timedelta(seconds=runtime.timeout_s)
-    groups = {
-        "control": dist.new_group(backend="gloo", timeout=wait),
-        "data": dist.new_group(timeout=wait),
-        "buffers": dist.new_group(timeout=wait),
-    }
-    _check_across_ranks(names, params, config.as_dict(), runtime, groups["control"], world)
+    if runtime.architecture == "ps":
+        worker_ranks, server_ranks = ps.roles(world, runtime.servers)
+        groups = {  # every rank creates every group, in the same order
+            "control": dist.new_group(worker_ranks, backend="gloo", timeout=wait),
+            "data": dist.new_group(timeout=wait),
+            "buffers": dist.new_group(worker_ranks, timeout=wait),
+            "plans": dist.new_group(backend="gloo", timeout=wait),
+        }
+        check_group = groups["plans"]
+    else:
+        worker_ranks, server_ranks = list(range(world)), []
+        groups = {
+            "control": dist.new_group(backend="gloo", timeout=wait),
+            "data": dist.new_group(timeout=wait),
+            "buffers": dist.new_group(timeout=wait),
+        }
+        check_group = groups["control"]
+    _check_across_ranks(names, params, config.as_dict(), runtime, check_group, world)
     if runtime.broadcast_parameters:
         with torch.no_grad():
             for p in params:
                 dist.broadcast(p.data, src=0, group=groups["data"])
+    dtype_of = {n: p.dtype for n, p in zip(names, params)}
+    if rank in server_ranks:
+        Server(rank, worker_ranks, server_ranks, dtype_of, groups["data"], groups["plans"], runtime.timeout_s).run()
+        if not exit_server:
+            return model, None
+        dist.destroy_process_group()
+        sys.exit(0)
+    transport = None
+    if server_ranks:
+        if any(p.device.type != "cpu" for p in params):
+            raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
+                                 "use architecture='allreduce' for CUDA parameters")
+        transport = ps.PushPull(groups["data"], groups["plans"], rank, server_ranks, dtype_of, runtime.timeout_s)
     if stray and rank == 0:
         import warnings
 
@@ -120,8 +175,10 @@ def wrap(
             "their gradients are averaged but they are never updated",
             stacklevel=2,
         )
-    coordinator = Coordinator(model, optimizer, names, params, config, runtime, groups, rank, world)
+    coordinator = Coordinator(model, optimizer, names, params, config, runtime, groups, rank, len(worker_ranks),
+                              transport)
     _WRAPPED.add(model)
+    _OPEN.add(coordinator)
     wrapped = ScheduledOptimizer(optimizer, coordinator)
     weakref.finalize(wrapped, _WRAPPED.discard, model)
     return model, wrapped

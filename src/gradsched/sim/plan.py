@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 from ..core import Scheduler
 from ..core.base import PolicyConfig
 from ..core.task import Message, TensorSpec
-from .network import Network
+from .network import Network, PushPull
 
 DEFAULT_LATENCY_S = 50e-6
 DEFAULT_SECONDS_PER_BYTE = 1e-9  # 8 Gbit/s, until the link has been measured
@@ -80,10 +80,12 @@ def make_plan(
     latency_s: float = DEFAULT_LATENCY_S,
     seconds_per_byte: float = DEFAULT_SECONDS_PER_BYTE,
     overhead_s: float = 0.0,
+    arch: str = "allreduce",
 ) -> Plan:
     """Run ``policy`` on one backward pass with the given ready times (seconds from the first
     ready gradient) over a FIFO link with the given latency, cost per payload byte and
-    serial cost per message (see :mod:`gradsched.sim.network`).
+    serial cost per message (see :mod:`gradsched.sim.network`); with ``arch="ps"`` each
+    message is a push then a pull, each costing those.
 
     The engine first runs the policy's warm-up rounds (Prophet profiles them), so the plan
     is what the policy does in steady state. Ties keep the order of ``ready``.
@@ -92,7 +94,9 @@ def make_plan(
     if missing:
         raise ValueError(f"no ready time for {len(missing)} tensors, e.g. {missing[:3]}")
     engine = Scheduler(tensors, policy.build())
-    network = Network(latency_s, seconds_per_byte, overhead_s)
+    if arch not in ("allreduce", "ps"):
+        raise ValueError(f"arch must be 'allreduce' or 'ps', got {arch!r}")
+    network = (PushPull if arch == "ps" else Network)(latency_s, seconds_per_byte, overhead_s)
     order = sorted(ready, key=ready.__getitem__)
     first = min(ready.values())
     total = sum(t.nbytes for t in tensors)

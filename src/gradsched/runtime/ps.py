@@ -1,0 +1,173 @@
+"""Parameter-server architecture: roles, the message-to-server assignment, the wire format,
+and the worker's side (push a message to its server, pull the sum back).
+
+Roles. A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
+ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
+``gradsched.wrap`` on a server rank runs the server loop and exits the process when the
+workers finish (see :mod:`gradsched.runtime.server`).
+
+Messages. The workers agree on plans exactly as with all-reduce (rank 0 proposes at the
+control points), and rank 0 forwards every plan to every server. Message ``k`` of a plan
+goes, whole, to one server: messages are dealt in plan order, each to the server with
+the fewest bytes so far (ties: the lowest server), so servers carry about equal bytes.
+A message is one buffer per dtype (in the order of the dtypes' names); buffer ``j`` of
+message ``k`` travels with tag ``1 + 16 k + j``, both ways. Because transfers are
+point-to-point and keyed by tag, no ordering between workers is needed: each worker
+pushes in its own time.
+
+Rounds. At the start of each round a worker sends every server a header ``(round, plan
+version)``; the servers answer a round only once every worker announced it, with the same
+plan, so a server never mixes rounds. A header of ``(-1, 0)`` says the worker is done.
+
+Plans travel to servers as pickled bytes (a size, then the payload) on a separate gloo
+group; a size of 0 ends the stream.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..sim.plan import Plan, PlannedMessage
+from .errors import GradschedError
+from .transport import Waiter
+
+HEADER_TAG = 0
+MAX_DTYPES = 16
+STOP = (-1, 0)
+
+
+def message_tag(k: int, j: int) -> int:
+    return 1 + MAX_DTYPES * k + j
+
+
+def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
+    """(worker ranks, server ranks) of a job of ``world_size`` processes."""
+    if servers < 1:
+        raise ValueError(f"architecture='ps' needs servers >= 1, got {servers}")
+    if world_size <= servers:
+        raise GradschedError(
+            f"gradsched.wrap: {world_size} processes cannot hold {servers} servers and at least one worker; "
+            f"launch workers + servers processes (e.g. torchrun --nproc_per_node {servers + 2} for 2 workers)"
+        )
+    workers = world_size - servers
+    return list(range(workers)), list(range(workers, world_size))
+
+
+def assign(plan: Plan, servers: int) -> tuple[int, ...]:
+    """The server (0-based) of each message: dealt in plan order to the least loaded."""
+    load = [0] * servers
+    owner = []
+    for message in plan.messages:
+        s = min(range(servers), key=lambda i: (load[i], i))
+        load[s] += message.nbytes
+        owner.append(s)
+    return tuple(owner)
+
+
+def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype]) -> list[tuple[torch.dtype, int]]:
+    """(dtype, elements) of each buffer the message travels in, in tag order."""
+    totals: dict[torch.dtype, int] = {}
+    for name, _, numel in message.slices:
+        dtype = dtype_of[name]
+        totals[dtype] = totals.get(dtype, 0) + numel
+    if len(totals) > MAX_DTYPES:
+        raise GradschedError(f"a message holds more than {MAX_DTYPES} dtypes")
+    return [(d, totals[d]) for d in sorted(totals, key=str)]
+
+
+def send_object(obj: object | None, dst: int, group: dist.ProcessGroup) -> tuple[list, list]:
+    """Start sending a picklable object (``None``: the end of the stream); returns the
+    works and the tensors that must stay alive until they complete."""
+    if obj is None:
+        size = torch.zeros(1, dtype=torch.int64)
+        return [dist.isend(size, dst=dst, group=group)], [size]
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    size = torch.tensor([payload.numel()], dtype=torch.int64)
+    return [dist.isend(size, dst=dst, group=group), dist.isend(payload, dst=dst, group=group)], [size, payload]
+
+
+def recv_object(src: int, group: dist.ProcessGroup, size: torch.Tensor, size_work: dist.Work) -> object | None:
+    """Finish receiving an object whose size ``irecv`` (into ``size``) was posted earlier."""
+    size_work.wait()
+    n = int(size.item())
+    if n == 0:
+        return None
+    payload = torch.empty(n, dtype=torch.uint8)
+    dist.recv(payload, src=src, group=group)
+    return pickle.loads(payload.numpy().tobytes())
+
+
+class PushPull:
+    """The worker's transport: push each message to its server, pull the sum back.
+
+    gloo's point-to-point operations have no futures: a :class:`Waiter` waits for the
+    pulls in launch order."""
+
+    def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
+                 server_ranks: Sequence[int], dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
+        self.group = data_group
+        self.plans_group = plans_group
+        self.rank = rank
+        self.servers = list(server_ranks)
+        self.dtype_of = dict(dtype_of)
+        self.timeout_s = timeout_s
+        self._owners: dict[int, tuple[Plan, tuple[int, ...]]] = {}
+        self._held: list = []  # header and plan sends in flight, with their tensors
+        self._lock = threading.Lock()  # headers are sent by the launcher, plans by the main thread
+        self._waiter = Waiter(lambda server, exc: GradschedError(f"push/pull with server rank {server} failed: {exc}"))
+
+    def server_of(self, plan: Plan, k: int) -> int:
+        entry = self._owners.get(id(plan))
+        if entry is None or entry[0] is not plan:
+            self._owners = {key: v for key, v in self._owners.items() if v[0] is not plan}
+            entry = self._owners[id(plan)] = (plan, assign(plan, len(self.servers)))
+        return self.servers[entry[1][k]]
+
+    def announce(self, plan: Plan, version: int) -> None:
+        if self.rank == 0:
+            for server in self.servers:
+                self._hold(*send_object((version, plan), server, self.plans_group))
+
+    def begin_round(self, round_index: int, version: int) -> None:
+        self._header(round_index, version)
+
+    def _header(self, round_index: int, version: int) -> None:
+        header = torch.tensor([round_index, version], dtype=torch.int64)
+        for server in self.servers:
+            self._hold([dist.isend(header, dst=server, group=self.group, tag=HEADER_TAG)], [header])
+
+    def _hold(self, works: list, tensors: list) -> None:
+        with self._lock:
+            self._held = [h for h in self._held if not all(w.is_completed() for w in h[0])]
+            self._held.append((works, tensors))
+
+    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
+        layout = buffer_layout(plan.messages[k], self.dtype_of)
+        if [(b.dtype, b.numel()) for b in buffers] != layout:
+            raise GradschedError(f"message {k}: buffers {[(b.dtype, b.numel()) for b in buffers]} != layout {layout}")
+        server = self.server_of(plan, k)
+        works, results = [], []
+        for j, buffer in enumerate(buffers):
+            result = torch.empty_like(buffer)
+            works.append(dist.isend(buffer, dst=server, group=self.group, tag=message_tag(k, j)))
+            works.append(dist.irecv(result, src=server, group=self.group, tag=message_tag(k, j)))
+            results.append(result)
+        return [self._waiter.track(works, server)], results
+
+    def close(self, wait: bool) -> None:
+        self._waiter.stop(5.0 if wait else 0.5)
+        if not wait:
+            return
+        self._header(*STOP)
+        if self.rank == 0:
+            for server in self.servers:
+                self._hold(*send_object(None, server, self.plans_group))
+        for works, _ in self._held:
+            for work in works:
+                work.wait()
+        self._held.clear()

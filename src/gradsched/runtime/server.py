@@ -1,0 +1,125 @@
+"""The parameter server loop (see :mod:`gradsched.runtime.ps` for roles and wire format).
+
+A server serves rounds one at a time. It waits for every worker's header of the round
+(all must name the same round and plan), takes the plan (received from rank 0 when it was
+adopted), posts a receive for each of its messages from each worker, and then, message by
+message in plan order (the order every worker pushes in), sums the workers' buffers in
+worker order and sends the sum back to every worker. Workers divided their gradients by
+the number of workers before pushing, so the sum is the average, as with DDP.
+
+The optimizer runs on the workers, so any optimizer works, and the server holds no
+parameters: only the buffers of the round it serves.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..sim.plan import Plan
+from .errors import GradschedError
+from .ps import HEADER_TAG, STOP, assign, buffer_layout, message_tag, recv_object
+
+
+class Server:
+    def __init__(self, rank: int, worker_ranks: Sequence[int], server_ranks: Sequence[int],
+                 dtype_of: Mapping[str, torch.dtype], data_group: dist.ProcessGroup,
+                 plans_group: dist.ProcessGroup, timeout_s: float) -> None:
+        self.rank = rank
+        self.workers = list(worker_ranks)
+        self.servers = list(server_ranks)
+        self.me = self.servers.index(rank)
+        self.dtype_of = dict(dtype_of)
+        self.group = data_group
+        self.plans_group = plans_group
+        self.timeout = timedelta(seconds=timeout_s)
+        self.plans: dict[int, Plan] = {}
+        self.rounds = 0
+        self.bytes_in = 0
+        self._plans_done = False
+        self._size = torch.zeros(1, dtype=torch.int64)
+        self._size_work = dist.irecv(self._size, src=0, group=plans_group)
+
+    def _wait(self, work: dist.Work, what: str) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            raise GradschedError(
+                f"parameter server rank {self.rank}: {what} failed: a worker died, is stuck or is unreachable ({exc})"
+            ) from exc
+
+    def _receive_plan(self) -> None:
+        """Take the next object of rank 0's plan stream (a plan, or its end)."""
+        try:
+            got = recv_object(0, self.plans_group, self._size, self._size_work)
+        except RuntimeError as exc:
+            raise GradschedError(f"parameter server rank {self.rank}: receiving a plan from rank 0 failed ({exc})") from exc
+        if got is None:
+            self._plans_done = True
+            return
+        number, plan = got
+        self.plans[number] = plan
+        self._size = torch.zeros(1, dtype=torch.int64)
+        self._size_work = dist.irecv(self._size, src=0, group=self.plans_group)
+
+    def _plan(self, version: int) -> Plan:
+        while version not in self.plans:
+            if self._plans_done:
+                raise GradschedError(f"parameter server rank {self.rank}: plan {version} was never sent")
+            self._receive_plan()
+        for old in [v for v in self.plans if v < version]:
+            del self.plans[old]
+        return self.plans[version]
+
+    def _post_headers(self) -> dict[int, tuple[torch.Tensor, dist.Work]]:
+        posted = {}
+        for w in self.workers:
+            header = torch.zeros(2, dtype=torch.int64)
+            posted[w] = (header, dist.irecv(header, src=w, group=self.group, tag=HEADER_TAG))
+        return posted
+
+    def run(self) -> None:
+        headers = self._post_headers()
+        sends: list[tuple[dist.Work, torch.Tensor]] = []
+        while True:
+            seen = {}
+            for w, (header, work) in headers.items():
+                self._wait(work, f"waiting for worker rank {w} to start a round")
+                seen[w] = tuple(int(v) for v in header.tolist())
+            if all(v == STOP for v in seen.values()):
+                break
+            if len(set(seen.values())) != 1:
+                raise GradschedError(
+                    f"parameter server rank {self.rank}: workers disagree on the round after round {self.rounds} "
+                    f"(round, plan) by worker: {seen}; every worker must run the same number of backward passes"
+                )
+            round_index, version = next(iter(seen.values()))
+            plan = self._plan(version)
+            owner = assign(plan, len(self.servers))
+            mine = [k for k in range(len(plan.messages)) if owner[k] == self.me]
+            received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]] = {}
+            for k in mine:
+                for j, (dtype, numel) in enumerate(buffer_layout(plan.messages[k], self.dtype_of)):
+                    slots = []
+                    for w in self.workers:
+                        buffer = torch.empty(numel, dtype=dtype)
+                        slots.append((buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j))))
+                    received[(k, j)] = slots
+            headers = self._post_headers()  # after this round's receives: the order NCCL would need
+            for (k, j), slots in received.items():
+                total = None
+                for w, (buffer, work) in zip(self.workers, slots):
+                    self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
+                    total = buffer if total is None else total.add_(buffer)
+                    self.bytes_in += buffer.numel() * buffer.element_size()
+                for w in self.workers:
+                    sends.append((dist.isend(total, dst=w, group=self.group, tag=message_tag(k, j)), total))
+            for work, _ in sends:
+                self._wait(work, f"sending round {round_index} back to the workers")
+            sends.clear()
+            self.rounds += 1
+        while not self._plans_done:  # rank 0 ends the plan stream when it closes
+            self._receive_plan()

@@ -1,0 +1,98 @@
+"""How the exchange reduces one message of a plan: an all-reduce among the workers, or a push
+to a parameter server and a pull of the sum back (:mod:`gradsched.runtime.ps`).
+
+A transport gets the message's buffers (gradients already divided by the number of
+workers) and returns futures that complete when the sum is available, together with the
+tensors that will hold it (the buffers themselves for an all-reduce).
+
+On CPU the futures are completed by a :class:`Waiter`, a thread of ours that waits for the
+operations in launch order, so that no Python code ever runs on a backend thread: such a
+thread that needs the interpreter while the process exits aborts the process. On CUDA the
+collectives' own futures are used (they order the update after the reduction by stream).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..sim.plan import Plan
+
+
+class Transport(Protocol):
+    def announce(self, plan: Plan, version: int) -> None:
+        """A plan agreed by the workers takes effect (called on every worker, in order)."""
+
+    def begin_round(self, round_index: int, version: int) -> None:
+        """This worker starts launching round ``round_index`` under plan ``version``."""
+
+    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
+        """Launch message ``k``; return completion futures and where each buffer's sum lands."""
+
+    def close(self, wait: bool) -> None:
+        """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
+
+
+class Waiter:
+    """Waits, on a thread of its own, for groups of operations in the order they were
+    started, and completes one future per group (with an exception if one failed)."""
+
+    def __init__(self, describe: Callable[[object, BaseException], BaseException] | None = None) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._describe = describe
+        self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
+        self._thread.start()
+
+    def track(self, works: Sequence[dist.Work], tag: object = None) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        self._queue.put((list(works), future, tag))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            works, future, tag = item
+            try:
+                for work in works:
+                    work.wait()
+            except Exception as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(self._describe(tag, exc) if self._describe else exc)
+            else:
+                future.set_result(None)
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish what was queued, then end the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+
+
+class AllReduce:
+    """One async all-reduce per buffer on the workers' data group."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self._waiter: Waiter | None = None
+
+    def announce(self, plan: Plan, version: int) -> None:
+        pass
+
+    def begin_round(self, round_index: int, version: int) -> None:
+        pass
+
+    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
+        works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in buffers]
+        if buffers[0].is_cuda:
+            return [w.get_future() for w in works], list(buffers)
+        if self._waiter is None:
+            self._waiter = Waiter()
+        return [self._waiter.track(works)], list(buffers)
+
+    def close(self, wait: bool) -> None:
+        if self._waiter is not None:
+            self._waiter.stop(5.0 if wait else 0.5)

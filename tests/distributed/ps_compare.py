@@ -1,0 +1,74 @@
+"""Worker or server: train with parameter servers (the last SERVERS ranks) and, on the
+workers, with DDP over the workers only; report differences.
+
+    python ps_compare.py OUT.json --servers S [--policies ...] [--optimizers ...] [--delays]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsched
+from train_compare import SMALL, Net, batches, make_optimizer, slow_backward, train
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--servers", type=int, required=True)
+    parser.add_argument("--policies", default="fifo,priority,bytescheduler,prophet")
+    parser.add_argument("--optimizers", default="sgd,adam")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--delays", action="store_true")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    workers = list(range(world - args.servers))
+    worker_group = dist.new_group(workers)  # every rank creates it
+    is_worker = rank in workers
+    data = batches(rank, args.steps)
+    report = {}
+    for kind in args.optimizers.split(","):
+        torch.manual_seed(0)
+        reference = Net()
+        initial = [p.detach().clone() for p in reference.parameters()]
+        if is_worker:
+            opt, sched = make_optimizer(kind, reference)
+            train(DDP(reference, process_group=worker_group), opt, sched, data)
+        for policy in args.policies.split(","):
+            torch.manual_seed(0)
+            model = Net()
+            if args.delays:
+                slow_backward(model, rank, seed=len(report))
+            opt, _ = make_optimizer(kind, model)
+            model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy], profile_rounds=2,
+                                        replan_every=2, architecture="ps", servers=args.servers, exit_server=False,
+                                        fallback=False)
+            if opt is None:  # a server: it served this run until the workers closed
+                continue
+            train(model, opt, None, data)
+            opt.synchronize()
+            final = [p.detach() for p in model.parameters()]
+            states = zip(model.state_dict().values(), reference.state_dict().values())
+            diff = max((a.double() - b.double()).abs().max().item() for a, b in states)
+            moved = max((a - b).abs().max().item() for a, b in zip(final, initial))
+            stats = opt.stats
+            opt.close()
+            report[f"{policy}/{kind}"] = {"max_abs_diff": diff, "moved": moved, "rounds": stats["rounds"],
+                                          "plans_adopted": stats["plans_adopted"], "plan_policy": stats["plan_policy"],
+                                          "checksum": [float(t.double().sum()) for t in final]}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, report)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"ranks": gathered[: len(workers)]}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The parameter-server architecture with real processes over gloo and real TCP, against
+DDP over the workers only. Tolerance: 1e-5 absolute on parameters and buffers (a server sums
+in worker order, so 2 workers give DDP's sums exactly; 3 may differ in rounding)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch import run_ranks
+
+TOLERANCE = 1e-5
+
+
+def check(results, out, policies, optimizers) -> None:
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    assert sorted(ranks[0]) == sorted(f"{p}/{o}" for p in policies for o in optimizers)
+    for case, result in ranks[0].items():
+        assert result["max_abs_diff"] <= TOLERANCE, case
+        assert result["moved"] > 1e-2, case  # training did happen
+        assert result["plans_adopted"] >= 3, case  # measured plans were made and sent to the servers
+        assert result["plan_policy"] == case.split("/")[0], case
+        assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
+
+
+@pytest.mark.parametrize("world,servers,delays", [(3, 1, False), (4, 2, True)])
+def test_every_policy_matches_ddp_with_parameter_servers(tmp_path, world, servers, delays):
+    out = tmp_path / "out.json"
+    policies, optimizers = ["fifo", "priority", "bytescheduler", "prophet"], ["sgd", "adam"]
+    extra = ["--delays"] if delays else []
+    check(run_ranks("ps_compare.py", world, str(out), "--servers", str(servers), *extra, timeout=240), out,
+          policies, optimizers)
+
+
+@pytest.mark.slow
+def test_three_workers_one_server(tmp_path):
+    out = tmp_path / "out.json"
+    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "1", "--optimizers", "adam", timeout=240), out,
+          ["fifo", "priority", "bytescheduler", "prophet"], ["adam"])
+
+
+@pytest.mark.parametrize("victim,what", [(1, "a worker"), (2, "the server")])
+def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
+    results = run_ranks("death.py", 3, timeout=90, env={"VICTIM": str(victim), "SERVERS": "1"})
+    assert results[victim].returncode == -9
+    for rank, r in enumerate(results):
+        if rank == victim:
+            continue
+        assert r.returncode != 0, r.stderr[-3000:]
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        assert report["type"] == "GradschedError", report
+        assert "server" in report["message"], report
+        assert report["seconds_after_last_step"] < 30, report  # within the 30 s timeout, not a hang
