@@ -3,6 +3,7 @@
     gradsched simulate --model vgg16 --workers 16 --bandwidth 10Gbit --arch allreduce \\
         --policy fifo,priority,bytescheduler,prophet [--sweep-bandwidth 1,2,5,10,25,100] \\
         [--json] [--trace out.json] [--plot out.png]
+    gradsched tune --model resnet50 --workers 16 --bandwidth 10Gbit --policy bytescheduler [--trials 15]
     gradsched profile --model resnet50 --out resnet50.json
     gradsched models
 
@@ -74,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list models, devices, policies and their options")
     from .bench.cli import add_parser as add_bench
+    from .tune.cli import add_parser as add_tune
 
     add_bench(sub)
+    add_tune(sub, _add_model_args)
     return parser
 
 
@@ -210,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench.cli import cmd_bench
 
             return cmd_bench(args, UsageError)
+        if args.command == "tune":
+            from .tune.cli import cmd_tune
+
+            return cmd_tune(args, UsageError, _table, lambda a: _clusters(
+                argparse.Namespace(**{**vars(a), "sweep_bandwidth": None}))[0])
         handler = {"simulate": cmd_simulate, "profile": cmd_profile, "models": cmd_models}[args.command]
         return handler(args)
     except (UsageError, ValueError, RuntimeError, TimeoutError) as exc:

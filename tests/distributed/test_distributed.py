@@ -117,13 +117,15 @@ def test_a_dead_rank_makes_the_others_fail_quickly():
 
 
 @pytest.mark.parametrize(
-    "script,expected",
-    [("train_mlp.py", "identical on all ranks: True"), ("train_cnn_checkpoint.py", "loads into a plain AdamW")],
+    "script,nproc,extra,expected",
+    [("train_mlp.py", 2, [], "identical on all workers: True"),
+     ("train_mlp.py", 3, ["--servers", "1"], "identical on all workers: True"),
+     ("train_cnn_checkpoint.py", 2, [], "loads into a plain AdamW")],
 )
-def test_examples_run_under_torchrun(tmp_path, script, expected):
+def test_examples_run_under_torchrun(tmp_path, script, nproc, extra, expected):
     example = Path(__file__).resolve().parents[2] / "examples" / script
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(free_port()), str(example), "--steps", "12", "--policy", "prophet"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), str(example), "--steps", "12", "--policy", "prophet", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

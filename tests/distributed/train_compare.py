@@ -113,7 +113,7 @@ def main() -> None:
             opt, _ = make_optimizer(kind, model)
             model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy],
                                         profile_rounds=2, replan_every=2, fallback=args.fallback,
-                                        trial_rounds=2)
+                                        trial_rounds=3)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
             train(model, opt, sched, data)
             opt.synchronize()

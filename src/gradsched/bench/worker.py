@@ -29,7 +29,7 @@ from .protocol import MARK
 from .workloads import workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
-TRIAL_ROUNDS = 4
+TRIAL_ROUNDS = 5
 
 
 def emit(kind: str, **fields) -> None:
@@ -108,7 +108,7 @@ def run(config: dict) -> None:
             if opt is None:  # a parameter server: it served this policy's run
                 continue
             # untimed: profiling, and the trial against DDP-style buckets (see gradsched.runtime.planning)
-            settle = config["profile_rounds"] + (2 * TRIAL_ROUNDS + 3 if config["fallback"] else 2)
+            settle = config["profile_rounds"] + (2 * TRIAL_ROUNDS + 3 if config["fallback"] else 2)  # arms, then 1 round
             times = _time(_stepper(model, opt, load, work.loss), iters, warmup + settle, group)
             stats = opt.stats
             detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"]}

@@ -16,7 +16,11 @@ class RuntimeConfig:
     timeout_s: float = 300.0  # give up on a stuck or dead rank after this long
     fallback: bool = True  # use DDP-style buckets when the policy is not predicted to beat them
     fallback_gain: float = 0.02  # ... by at least this fraction of the iteration time
-    trial_rounds: int = 4  # backward passes per arm of the measured comparison with the buckets
+    trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates)
+    autotune: bool = False  # tune the policy's options online (see gradsched.runtime.planning)
+    autotune_trials: int = 10  # measured candidates, the starting options first
+    autotune_seed: int = 0
+    autotune_space: dict | None = None  # option -> "LOW:HIGH" (gradsched.tune.default_space)
     trace: str | None = None  # write a Chrome trace of this rank's run here (".rank{N}" is added)
     architecture: str = "allreduce"  # or "ps": the last ``servers`` ranks are parameter servers
     servers: int = 0  # ps only
@@ -26,8 +30,12 @@ class RuntimeConfig:
             raise ValueError(f"profile_rounds must be >= 1, got {self.profile_rounds}")
         if self.replan_every < 0:
             raise ValueError(f"replan_every must be >= 0 (0: never), got {self.replan_every}")
-        if self.trial_rounds < 2:
-            raise ValueError(f"trial_rounds must be >= 2, got {self.trial_rounds}")
+        if self.trial_rounds < 3:
+            raise ValueError(f"trial_rounds must be >= 3 (the first and last round of an arm are not measured), "
+                             f"got {self.trial_rounds}")
+        if self.autotune_trials < 2:
+            raise ValueError(f"autotune_trials must be >= 2 (the starting options and a candidate), "
+                             f"got {self.autotune_trials}")
         if not 0.0 <= self.fallback_gain < 1.0:
             raise ValueError(f"fallback_gain must be in [0, 1), got {self.fallback_gain}")
         if self.architecture not in ("allreduce", "ps"):

@@ -311,6 +311,8 @@ class Coordinator:
             "plan_policy": plan.policy,
             "prediction": self.planner.prediction,
             "trial": self.planner.trial,
+            "autotune": self.planner.tuning,
+            "switches": list(self.planner.switches),
         }
 
     def _broadcast_buffers(self) -> None:

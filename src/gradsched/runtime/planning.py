@@ -5,12 +5,16 @@ At fixed rounds (after ``profile_rounds`` measured backward passes, then every
 the link estimate. One broadcast carries it to every rank, always at the same point of
 ``optimizer.step()``, and the plan takes effect from the next round on.
 
-Never slower than DDP where scheduling cannot help (``fallback``, unless the policy is
-fifo): the first control point starts a measured trial. The policy's measured plan runs
-for ``trial_rounds`` backward passes, then DDP-style buckets (fifo) for as many (one more
-at the end), and rank 0 compares the median iteration times, leaving out the first round
-of each arm: unless the policy is faster by at least ``fallback_gain``, every later plan
-uses the buckets. The simulator's prediction of the same comparison (the measured model
+Measured arms. From the first control point on, rank 0 measures *arms* of
+``trial_rounds`` backward passes each, one after the other, every rank switching plans at
+the same control points: the policy with the user's options; with ``fallback`` (never
+slower than DDP where scheduling cannot help) DDP-style buckets (fifo); with
+``autotune`` the online tuner's candidates (:mod:`gradsched.tune`, told each measured
+time before it proposes the next). An arm's time is the median iteration time (forward
+start to forward start) without its first round (the switch) and its last (still running
+when the next arm starts). Then rank 0 keeps the fastest measured policy options (the
+user's unless a candidate measured faster) and, unless they beat the buckets by
+``fallback_gain``, the buckets; every later plan uses that choice. The simulator's prediction of the same comparison (the measured model
 on the probed link, see :mod:`gradsched.runtime.profiling`) is made at the start and
 reported next to the measurement; it does not decide, because a few per cent of model
 error is enough to pick the wrong side where the two are close.
@@ -18,6 +22,8 @@ error is enough to pick the wrong side where the two are close.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -34,6 +40,8 @@ from .config import RuntimeConfig
 from .errors import failing_rank
 from .exchange import Exchange
 from .profiling import RoundTiming, measured_table
+
+logger = logging.getLogger("gradsched")
 
 
 class Planner:
@@ -58,7 +66,20 @@ class Planner:
         self.link: tuple[float, float, float] | None = None  # probed (latency, seconds/byte, overhead)
         self.prediction: dict[str, Any] | None = None  # the latest simulated comparison with fifo
         self.trial: dict[str, Any] | None = None  # the measured comparison with fifo
-        self.chosen = policy  # the policy of later plans: the user's, or fifo after losing the trial
+        self.chosen = policy  # the policy of later plans: the user's (tuned), or fifo after losing the trial
+        self.arms = self._arms()
+        self.tuning: dict[str, Any] | None = None  # the online tuner's report, once it finished
+        self.switches: list[tuple[int, str]] = []  # (first round, policy) of every plan adopted here
+        self.tuner = None
+        if self.config.autotune and self.rank == 0 and "tune" in self.arms:
+            from ..tune import Tuner, default_space
+
+            space = default_space(policy.name, self.config.autotune_space)
+            start = {d.option: getattr(policy, d.option) for d in space.dimensions}  # the user's options
+            self.tuner = Tuner(space, seed=self.config.autotune_seed, start=start)
+        self._candidate = None
+        self._running: tuple[str, dict | None] = ("policy", {})
+        self._scores: list[tuple[str, dict | None, float | None]] = []  # (arm, options, median seconds)
         self._starts: dict[int, float] = {}  # round -> start of the forward pass before its backward
         self._done: set[int] = set()
 
@@ -72,26 +93,39 @@ class Planner:
     def record(self, timing: RoundTiming, round_index: int) -> None:
         self.timings = (self.timings + [timing])[-(self.config.profile_rounds + 1) :]
         self._starts[round_index] = timing.forward_start
-        for old in [r for r in self._starts if r < round_index - 4 * self.config.trial_rounds - 4]:
+        for old in [r for r in self._starts if r < round_index - 2 * self.config.trial_rounds - 4]:
             del self._starts[old]
 
-    @property
-    def trials(self) -> bool:
-        """Whether the policy is measured against DDP-style buckets (see the module's doc)."""
-        return self.config.fallback and self.policy.name != "fifo" and self.world_size > 1
+    def _arms(self) -> list[str]:
+        """The measured arms that follow the first control point, the same on every rank:
+        "policy" (its default options), "fifo" (DDP-style buckets, with ``fallback``) and
+        "tune" (a candidate of the online tuner, with ``autotune``)."""
+        arms = []
+        if self.world_size > 1 and self.policy.name != "fifo" and (self.config.fallback or self.config.autotune):
+            arms.append("policy")
+            if self.config.fallback:
+                arms.append("fifo")
+            if self.config.autotune:
+                arms += ["tune"] * (self.config.autotune_trials - 1)
+        return arms
 
-    def _stage(self, round_index: int) -> str | None:
-        """What the control point after ``round_index`` does: None (nothing), "policy" or
-        "fifo" (start a trial arm), "decide" (end the trial), "replan"."""
+    def _stage(self, round_index: int) -> tuple[str, int] | None:
+        """What the control point after ``round_index`` does: None (nothing), (arm, i)
+        (start measured arm i), ("decide", n) (end of the n arms), ("replan", 0)."""
         first = self.config.profile_rounds + 1
         every = self.config.replan_every
-        if self.trials:
+        arms = self.arms
+        if arms:
             k = self.config.trial_rounds
-            points = {first: "policy", first + k: "fifo", first + 2 * k + 1: "decide"}
-            if first <= round_index <= first + 2 * k + 1:
-                return points.get(round_index)
+            end = first + len(arms) * k
+            if first <= round_index <= end:
+                i, offset = divmod(round_index - first, k)
+                if offset:
+                    return None
+                return (arms[i], i) if i < len(arms) else ("decide", len(arms))
+            first = end
         if round_index == first or (every and round_index > first and (round_index - first) % every == 0):
-            return "replan"
+            return ("replan", 0)
         return None
 
     def control_point(self, round_index: int) -> None:
@@ -100,7 +134,7 @@ class Planner:
         if stage is None or round_index in self._done:
             return
         self._done.add(round_index)
-        if stage == "policy" and self.link is None and self.config.architecture == "allreduce":
+        if stage[0] == "policy" and self.link is None and self.config.architecture == "allreduce":
             self.link = self._probe()
         proposal = [self._propose(round_index, stage) if self.rank == 0 else None]
         if self.world_size > 1:
@@ -108,25 +142,79 @@ class Planner:
                 dist.broadcast_object_list(proposal, src=0, group=self.group)
         if proposal[0] is None:
             return
-        plan, prediction, trial = proposal[0]
+        plan, prediction, trial, tuning = proposal[0]
         self.prediction = prediction or self.prediction
         self.trial = trial or self.trial
+        self.tuning = tuning or self.tuning
         if plan is not None:
             self.exchange.set_plan(plan, round_index + 1)
+            self.switches.append((round_index + 1, plan.policy))
 
     def _iterations(self, first: int, last: int) -> list[float]:
         """Measured iteration times of rounds ``first .. last`` (forward start to forward start)."""
         return [self._starts[r + 1] - self._starts[r] for r in range(first, last + 1)
                 if r in self._starts and r + 1 in self._starts]
 
-    def _propose(self, round_index: int, stage: str) -> tuple[Plan | None, dict | None, dict | None] | None:
+    def _arm_time(self, i: int) -> float | None:
+        """Median iteration time of arm ``i``, leaving out its first round (the switch) and
+        its last (not finished when the next arm starts)."""
+        start = self.config.profile_rounds + 1 + i * self.config.trial_rounds
+        times = self._iterations(start + 2, start + self.config.trial_rounds - 1)
+        return statistics.median(times) if times else None
+
+    def _close_arm(self, i: int) -> None:
+        """Rank 0: score arm ``i`` (the previous one) now that its rounds are measured."""
+        seconds = self._arm_time(i)
+        arm, options = self._running
+        self._scores.append((arm, options, seconds))
+        if self.tuner is not None and arm != "fifo" and self._candidate is not None:
+            if seconds is not None:
+                self.tuner.tell(self._candidate, seconds)
+                logger.info("gradsched autotune: trial %d %s: %.2f ms per iteration", self._candidate.number,
+                            options, seconds * 1e3)
+            self._candidate = None
+
+    def _next_options(self, arm: str) -> dict[str, Any] | None:
+        """Rank 0: the options arm ``arm`` runs with (None: fifo's defaults)."""
+        if arm == "fifo":
+            return None
+        if self.tuner is None:
+            return {}
+        self._candidate = self.tuner.ask()
+        return dict(self._candidate.options)
+
+    def _decide(self) -> tuple[dict | None, dict | None]:
+        """Rank 0, after the last arm: the fastest measured policy options, unless the
+        buckets beat them by ``fallback_gain``. Returns (trial, tuning) reports."""
+        ours = [(opts, s) for arm, opts, s in self._scores if arm != "fifo" and s is not None]
+        fifo = [s for arm, _, s in self._scores if arm == "fifo" and s is not None]
+        default = next((s for arm, _, s in self._scores if arm == "policy" and s is not None), None)
+        trial = tuning = None
+        if not ours:
+            return None, None
+        options, best_s = min(ours, key=lambda item: item[1])
+        if default is not None and best_s >= default:
+            options, best_s = {}, default  # the defaults, unless a candidate measured faster
+        self.chosen = dataclasses.replace(self.policy, **options)
+        if fifo:
+            use_fifo = best_s > fifo[0] * (1.0 - self.config.fallback_gain)
+            trial = {"policy_s": best_s, "fifo_s": fifo[0], "use_fifo": use_fifo}
+            if use_fifo:
+                self.chosen = FifoConfig()
+        if self.tuner is not None:
+            tuning = {"best_options": options or dict(self.tuner.default_options), "best_s": best_s,
+                      "default_s": default, "history": list(self.tuner.history)}
+        return trial, tuning
+
+    def _propose(self, round_index: int, stage: tuple[str, int]) -> tuple | None:
+        kind, i = stage
         timings = [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
         if timings:
             ready = {}
             for name in self.names:
                 offsets = sorted(t.ready[name] - min(t.ready.values()) for t in timings)
                 ready[name] = offsets[len(offsets) // 2]
-        elif stage == "replan":  # the first round warms up; rounds with unused parameters are skipped
+        elif kind == "replan":  # the first round warms up; rounds with unused parameters are skipped
             return None
         else:
             ready = default_ready_times(self.tensors)
@@ -136,25 +224,27 @@ class Planner:
         ps = self.config.architecture == "ps"
         if ps and link:  # a message was timed from push to pull: half of it each way
             link = tuple(x / 2 for x in link)
-        prediction = trial = None
-        if stage == "policy" and not ps and measured and timings:
+        prediction = trial = tuning = None
+        if kind == "policy" and not ps and measured and timings and self.config.fallback:
             # reported next to the measured trial: the simulator's view of the same choice,
             # on the probed link (training messages also wait for the slowest rank to join)
             prediction = self._predict(timings, *(self.link or (est.latency, est.seconds_per_byte, est.per_message)))
-        if stage == "decide":
-            first, k = self.config.profile_rounds + 1, self.config.trial_rounds
-            ours, fifo = self._iterations(first + 2, first + k), self._iterations(first + k + 2, first + 2 * k)
-            if ours and fifo:
-                ours_s, fifo_s = statistics.median(ours), statistics.median(fifo)
-                use_fifo = ours_s > fifo_s * (1.0 - self.config.fallback_gain)
-                trial = {"policy_s": ours_s, "fifo_s": fifo_s, "use_fifo": use_fifo}
-                self.chosen = FifoConfig() if use_fifo else self.policy
-        policy = FifoConfig() if stage == "fifo" else self.chosen
+        if kind not in ("replan", "policy"):
+            self._close_arm(i - 1)
+        if kind == "decide":
+            trial, tuning = self._decide()
+            policy = self.chosen
+        elif kind == "replan":
+            policy = self.chosen
+        else:
+            options = self._next_options(kind)
+            self._running = (kind, options)
+            policy = FifoConfig() if options is None else dataclasses.replace(self.policy, **options)
         plan = make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture)
         current = self.exchange.plan_for(round_index + 1)
         if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
-            return None, prediction, trial
-        return plan, prediction, trial
+            return None, prediction, trial, tuning
+        return plan, prediction, trial, tuning
 
     def _probe(self) -> tuple[float, float, float]:
         """Measure the link once, all ranks together, with nothing else in flight: seconds

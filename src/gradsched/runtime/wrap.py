@@ -60,7 +60,11 @@ def wrap(
     timeout: float = 300.0,
     trace: str | None = None,
     fallback: bool = True,
-    trial_rounds: int = 4,
+    trial_rounds: int = 5,
+    autotune: bool = False,
+    autotune_trials: int = 10,
+    autotune_space: dict[str, str] | None = None,
+    autotune_seed: int = 0,
     architecture: str = "allreduce",
     servers: int = 0,
     exit_server: bool = True,
@@ -85,8 +89,17 @@ def wrap(
         fallback: measure the policy against DDP-style buckets (fifo) at the first control
             point, ``trial_rounds`` backward passes each, and keep the buckets unless the
             policy is at least 2% faster: never meaningfully slower than DDP.
-        trial_rounds: backward passes per arm of that comparison (the first of each is
-            not counted).
+        trial_rounds: backward passes per measured arm of that comparison and of the
+            tuner's candidates (the first and last of each are not counted).
+        autotune: tune the policy's options (partition and credit sizes; Prophet's stage
+            threshold) online by Bayesian optimisation: rank 0 proposes ``autotune_trials``
+            candidates (your options first), every rank switches at the same step, each
+            is measured over ``trial_rounds`` backward passes, and the fastest measured
+            options are kept (never worse than the ones you started from).
+            ``optimizer.stats["autotune"]`` holds the history.
+        autotune_space: search ranges, option -> "LOW:HIGH" (e.g. ``{"partition_bytes":
+            "256KiB:8MiB"}``), replacing the defaults of :func:`gradsched.tune.default_space`.
+        autotune_seed: seed of the tuner's sampler.
         architecture: ``"allreduce"``, or ``"ps"`` for parameter servers: the last
             ``servers`` ranks serve and the others train (see :mod:`gradsched.runtime.ps`).
             On a server rank this call runs the server until the workers close their
@@ -117,7 +130,9 @@ def wrap(
     runtime = RuntimeConfig(
         find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers,
         broadcast_parameters=broadcast_parameters, profile_rounds=profile_rounds, replan_every=replan_every,
-        timeout_s=float(timeout), fallback=fallback, trial_rounds=trial_rounds, trace=trace, architecture=architecture, servers=servers,
+        timeout_s=float(timeout), fallback=fallback, trial_rounds=trial_rounds, trace=trace,
+        autotune=autotune, autotune_trials=autotune_trials, autotune_seed=autotune_seed,
+        autotune_space=dict(autotune_space) if autotune_space else None, architecture=architecture, servers=servers,
     )
 
     names, params = _trainable(model)

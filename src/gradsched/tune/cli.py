@@ -1,0 +1,87 @@
+"""``gradsched tune``: tune a policy's options against the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..units import format_bytes
+from .offline import TuneResult, tune_offline
+from .space import DEFAULT_RANGES, default_space
+from .tuner import SAMPLERS
+
+
+def add_parser(sub, add_model_args) -> None:
+    tune = sub.add_parser(
+        "tune", help="tune a policy's partition and credit sizes against the simulator",
+        description="Bayesian optimisation (Optuna) of a policy's options on log scales, each trial one "
+                    "simulation of the setting; the policy's defaults are the first trial.")
+    add_model_args(tune)
+    tune.add_argument("--profile", help="measured JSON profile to use instead of --model")
+    tune.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
+    tune.add_argument("--bandwidth", default="10Gbit", help="link bandwidth per worker and direction (default 10Gbit)")
+    tune.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
+    tune.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
+    tune.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
+    tune.add_argument("--policy", default="bytescheduler", help=f"one of: {', '.join(DEFAULT_RANGES)} "
+                                                                "(default bytescheduler)")
+    tune.add_argument("--trials", type=int, default=15, help="simulations, the default options first (default 15)")
+    tune.add_argument("--seed", type=int, default=0, help="sampler seed: equal seeds give equal results (default 0)")
+    tune.add_argument("--sampler", default="gp", choices=SAMPLERS, help="Optuna sampler (default gp)")
+    tune.add_argument("--space", action="append", default=[], metavar="OPTION=LOW:HIGH",
+                      help="search range of an option, e.g. partition_bytes=256KiB:8MiB (repeatable)")
+    tune.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _describe(options: dict) -> str:
+    return " ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}" for k, v in options.items())
+
+
+def result_text(title: str, result: TuneResult) -> str:
+    best, default = result.best, result.default
+    lines = [title, f"  bound {result.bound_s * 1e3:.1f} ms",
+             f"  default  {default['iteration_s'] * 1e3:9.2f} ms  {default['iteration_s'] / result.bound_s:.3f}x bound"
+             f"  {_describe(default['options'])}",
+             f"  best     {best['iteration_s'] * 1e3:9.2f} ms  {best['iteration_s'] / result.bound_s:.3f}x bound"
+             f"  {_describe(best['options'])}  (trial {best['trial']}, "
+             f"{default['iteration_s'] / best['iteration_s']:.3f}x the default)",
+             "  history:"]
+    for h in result.history:
+        mark = " default" if h["default"] else ""
+        lines.append(f"    {h['trial']:>3}  {h['iteration_s'] * 1e3:9.2f} ms  best {h['best_s'] * 1e3:9.2f} ms  "
+                     f"{_describe(h['options'])}{mark}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_tune(args: argparse.Namespace, usage_error, table_of, cluster_of) -> int:
+    overrides = {}
+    for item in args.space:
+        option, eq, bounds = item.partition("=")
+        if not eq:
+            raise usage_error(f"--space {item!r}: write OPTION=LOW:HIGH, e.g. partition_bytes=256KiB:8MiB")
+        overrides[option.strip()] = bounds.strip()
+    space = default_space(args.policy, overrides)
+    if args.trials < 1:
+        raise usage_error(f"--trials must be >= 1, got {args.trials}")
+    cluster = cluster_of(args)
+    table = table_of(args)
+    tty = sys.stderr.isatty() and not args.json
+
+    def progress(h: dict) -> None:
+        if tty:
+            print(f"\rtrial {h['trial'] + 1}/{args.trials}: best {h['best_s'] * 1e3:.2f} ms\x1b[K", end="",
+                  file=sys.stderr, flush=True)
+
+    result = tune_offline(table, cluster, space, args.trials, args.seed, args.sampler, progress)
+    if tty:
+        print("\r\x1b[K", end="", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"model": table.name, "cluster": cluster.describe(), "policy": args.policy,
+                          "trials": args.trials, "seed": args.seed, "sampler": args.sampler,
+                          "bound_s": result.bound_s, "best": result.best, "default": result.default,
+                          "history": result.history}))
+    else:
+        print(result_text(f"{table.name} · {cluster.describe()} · {args.policy}, {args.trials} trials "
+                          f"({args.sampler}, seed {args.seed})", result), end="")
+    return 0

@@ -1,0 +1,43 @@
+"""Online autotuning with real processes: every rank switches plans at the same steps, the
+candidates are the seeded tuner's, and the kept options are never slower than the start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradsched.tune import Tuner, default_space
+from launch import run_ranks
+
+
+@pytest.mark.parametrize("world,servers", [(2, 0), (3, 1)])
+def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, servers):
+    out = tmp_path / "out.json"
+    results = run_ranks("autotune.py", world, str(out), "--servers", str(servers), timeout=180)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    reports = json.loads(out.read_text())
+    assert len(reports) == world - servers
+    first = reports[0]
+    for other in reports[1:]:
+        assert other["switches"] == first["switches"]  # the agreed steps, identical on every rank
+        assert other["autotune"] == first["autotune"]
+        assert other["checksum"] == first["checksum"]
+    # control points: after round 3 (profiling), then an arm of 3 rounds per candidate
+    assert [s[0] for s in first["switches"]] == [4, 7, 10, 13, 16]
+    tuning = first["autotune"]
+    history = tuning["history"]
+    assert len(history) == 4 and history[0]["default"]
+    assert history[0]["options"] == {"partition_bytes": 4096, "credit_bytes": 16384}  # the user's options first
+    # with 4 trials every candidate comes from the seeded start-up phase: the same as offline
+    space = default_space("bytescheduler", {"partition_bytes": "1KiB:64KiB", "credit_bytes": "4KiB:256KiB"})
+    tuner = Tuner(space, seed=7, start={"partition_bytes": 4096, "credit_bytes": 16384})
+    expected = []
+    for h in history:
+        candidate = tuner.ask()
+        expected.append(candidate.options)
+        tuner.tell(candidate, h["iteration_s"])
+    assert [h["options"] for h in history] == expected
+    assert tuning["best_s"] <= tuning["default_s"]
+    assert tuning["best_s"] == min(h["iteration_s"] for h in history)
