@@ -139,6 +139,10 @@ def test_timeout_cleans_up():
         (["--bandwidth", "0"], "bandwidth must be > 0"),
         (["--bandwidth", "1G", "--sweep-bandwidth", "1,2"], "not both"),
         (["--iters", "1"], "iters must be >= 3"),
+        (["--arch", "ps", "--servers", "1", "--policy", "ddp,fifo"], "ddp use all-reduce"),
+        (["--arch", "ps"], "--arch ps needs --servers >= 1"),
+        (["--servers", "2"], "--servers only applies to --arch ps"),
+        (["--autotune", "1"], "--autotune needs >= 2 trials"),
     ],
 )
 def test_bench_rejects_bad_input(argv, message):
@@ -162,3 +166,23 @@ def test_loopback_run_is_labelled_unlimited(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "running on loopback WITHOUT a bandwidth limit" in out.stderr
     assert "loopback, NO bandwidth limit" in out.stdout and "[REPLAY]" in out.stdout
+
+
+def test_parameter_servers_and_autotune_on_loopback(tmp_path):
+    """2 workers + 1 server; the reference is fifo over the server; bytescheduler also runs
+    tuned online (the JSON carries the tuner's report)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--loopback", "--iters", "3",
+         "--warmup", "1", "--arch", "ps", "--servers", "1", "--policy", "fifo,bytescheduler", "--autotune", "2",
+         "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    assert data["arch"] == "ps" and data["servers"] == 1 and data["workers"] == 2
+    rows = {r["policy"]: r for r in data["results"]}
+    assert list(rows) == ["fifo", "bytescheduler", "bytescheduler+autotune"]
+    assert rows["fifo"]["speedup_vs_fifo"] == 1.0 and rows["fifo"]["speedup_vs_ddp"] is None
+    tuning = rows["bytescheduler+autotune"]["autotune"]
+    assert len(tuning["history"]) == 2 and tuning["best_s"] <= tuning["default_s"]
+    assert all(r["predicted_s"] > 0 for r in rows.values())

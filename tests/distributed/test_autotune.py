@@ -24,8 +24,10 @@ def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, s
         assert other["switches"] == first["switches"]  # the agreed steps, identical on every rank
         assert other["autotune"] == first["autotune"]
         assert other["checksum"] == first["checksum"]
-    # control points: after round 3 (profiling), then an arm of 3 rounds per candidate
-    assert [s[0] for s in first["switches"]] == [4, 7, 10, 13, 16]
+    # control points: after round 3 (profiling), then an arm of 3 rounds per candidate; at
+    # the end the measured plan of the best candidate (no switch if that is the last one)
+    steps = [s[0] for s in first["switches"]]
+    assert steps[:4] == [4, 7, 10, 13] and steps[4:] in ([], [16])
     tuning = first["autotune"]
     history = tuning["history"]
     assert len(history) == 4 and history[0]["default"]

@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
                        help="change a policy option, e.g. prophet.fuse_bytes=8MiB (repeatable)")
     bench.add_argument("--no-fallback", action="store_true",
                        help="keep each policy's own plans even where DDP-style buckets are predicted faster")
+    bench.add_argument("--autotune", type=int, default=0, metavar="TRIALS",
+                       help="also run each tunable policy tuned online with this many candidates ('+autotune' rows)")
     bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
     bench.add_argument("--timeout", default="30min", help="give up after this long per bandwidth (default 30min)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -70,7 +72,7 @@ def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(options), arch=args.arch,
-        servers=args.servers,
+        servers=args.servers, autotune_trials=args.autotune,
     )
 
 

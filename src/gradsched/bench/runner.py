@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from ..core import policy_config
 from ..models.table import Layer, ModelTable
 from ..sim import Cluster, simulate
+from ..units import format_bytes
 from .netns import EmulatedCluster, available
 from .protocol import MARK
 from .workloads import workload
@@ -51,6 +52,7 @@ class BenchConfig:
     options: tuple[tuple[str, str, str], ...] = ()  # (policy, option, value), as --set gives them
     arch: str = "allreduce"  # or "ps": ``servers`` more ranks, each in its own namespace
     servers: int = 0
+    autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -76,12 +78,26 @@ class BenchConfig:
                 raise ValueError(f"--set {policy}.*: {policy!r} is not a gradsched policy being measured")
         if not self.policies:
             raise ValueError("no policy to measure")
+        if self.autotune_trials == 1 or self.autotune_trials < 0:
+            raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
 
 
     @property
     def ranks(self) -> int:
         return self.workers + self.servers
+
+    @property
+    def runs(self) -> list[str]:
+        """What is measured, in order: each policy, followed by its autotuned run."""
+        from ..tune.space import DEFAULT_RANGES
+
+        runs = []
+        for policy in self.policies:
+            runs.append(policy)
+            if self.autotune_trials and policy in DEFAULT_RANGES:
+                runs.append(policy + "+autotune")
+        return runs
 
     @property
     def reference(self) -> str:
@@ -118,10 +134,10 @@ def _free_port() -> int:
 def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None]) -> dict:
     payload = json.dumps({
         "model": config.model, "batch": config.batch, "device": config.device, "iters": config.iters,
-        "warmup": config.warmup, "policies": list(config.policies), "trace_dir": config.trace_dir,
+        "warmup": config.warmup, "policies": config.runs, "trace_dir": config.trace_dir,
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
-        "arch": config.arch, "servers": config.servers,
+        "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
     })
     port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -202,8 +218,12 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             **{k: v for k, v in result.items() if k != "times"},
         }
         if work.table is not None and policy not in BASELINES:  # predict what actually ran
-            ran = result.get("plan") or policy
-            options = config.policy_options(ran) if ran == policy else {}
+            base = policy.partition("+")[0]
+            ran = result.get("plan") or base
+            options = config.policy_options(ran) if ran == base else {}
+            tuned = (result.get("autotune") or {}).get("best_options")
+            if tuned and ran == base:
+                options = {**options, **tuned}
             row["predicted_s"] = predict(work.table, policy_config(ran, **options), config.workers,
                                          raw["gradient_bytes"], comm, compute, raw["latency"], raw["overhead"],
                                          config.servers if config.arch == "ps" else 0)
@@ -287,13 +307,18 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                      f" bound {s.bound_s * 1e3:.1f} ms; per message {s.latency_s * 1e3:.2f} ms alone,"
                      f" {s.overhead_s * 1e3:.2f} ms pipelined")
         versus = f"vs {config.reference}"
-        lines.append(f"  {'policy':<14} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10}  plan")
+        width = max([14] + [len(row["policy"]) for row in s.rows])
+        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10}  plan")
         for row in s.rows:
             predicted = f"{row['predicted_s'] * 1e3:8.1f}ms" if row.get("predicted_s") else f"{'-':>10}"
             gain = row.get(f"speedup_vs_{config.reference}")
             speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.get("plan") or (f"buckets {row['bucket_cap_mb']} MB" if "bucket_cap_mb" in row else "")
-            lines.append(f"  {row['policy']:<14} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "
+            tuned = (row.get("autotune") or {}).get("best_options")
+            if tuned and plan != "fifo":
+                plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
+                                         for k, v in tuned.items()) + ")"
+            lines.append(f"  {row['policy']:<{width}} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "
                          f"{speedup} {predicted}  {plan}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -101,17 +101,23 @@ def run(config: dict) -> None:
             times, detail = best[2], {"bucket_cap_mb": best[1]}
         else:
             model, opt = fresh()
+            base, _, variant = policy.partition("+")
+            tune = config.get("autotune_trials", 0) if variant == "autotune" else 0
             trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
-            model, opt = gradsched.wrap(model, opt, policy, trace=trace, profile_rounds=config["profile_rounds"],
+            model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config["profile_rounds"],
                                         fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS,
-                                        policy_options=config["options"].get(policy), **ps_options)
+                                        autotune=bool(tune), autotune_trials=max(tune, 2),
+                                        policy_options=config["options"].get(base), **ps_options)
             if opt is None:  # a parameter server: it served this policy's run
                 continue
-            # untimed: profiling, and the trial against DDP-style buckets (see gradsched.runtime.planning)
-            settle = config["profile_rounds"] + (2 * TRIAL_ROUNDS + 3 if config["fallback"] else 2)  # arms, then 1 round
+            # untimed: profiling, the measured arms (the buckets, tuner candidates; see
+            # gradsched.runtime.planning), then a round on the chosen plan
+            arms = (1 + config["fallback"] + max(tune - 1, 0)) if (config["fallback"] or tune) and base != "fifo" else 0
+            settle = config["profile_rounds"] + arms * TRIAL_ROUNDS + 2
             times = _time(_stepper(model, opt, load, work.loss), iters, warmup + settle, group)
             stats = opt.stats
-            detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"]}
+            detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"],
+                      "autotune": stats["autotune"]}
             opt.close()
             del model, opt
         results[policy] = {"times": times, **detail}

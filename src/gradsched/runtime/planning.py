@@ -78,8 +78,8 @@ class Planner:
             start = {d.option: getattr(policy, d.option) for d in space.dimensions}  # the user's options
             self.tuner = Tuner(space, seed=self.config.autotune_seed, start=start)
         self._candidate = None
-        self._running: tuple[str, dict | None] = ("policy", {})
-        self._scores: list[tuple[str, dict | None, float | None]] = []  # (arm, options, median seconds)
+        self._running: tuple[str, dict | None, Plan | None] = ("policy", {}, None)  # arm, options, plan
+        self._scores: list[tuple[str, dict | None, float | None, Plan | None]] = []  # ... and median seconds
         self._starts: dict[int, float] = {}  # round -> start of the forward pass before its backward
         self._done: set[int] = set()
 
@@ -165,8 +165,8 @@ class Planner:
     def _close_arm(self, i: int) -> None:
         """Rank 0: score arm ``i`` (the previous one) now that its rounds are measured."""
         seconds = self._arm_time(i)
-        arm, options = self._running
-        self._scores.append((arm, options, seconds))
+        arm, options, plan = self._running
+        self._scores.append((arm, options, seconds, plan))
         if self.tuner is not None and arm != "fifo" and self._candidate is not None:
             if seconds is not None:
                 self.tuner.tell(self._candidate, seconds)
@@ -183,28 +183,32 @@ class Planner:
         self._candidate = self.tuner.ask()
         return dict(self._candidate.options)
 
-    def _decide(self) -> tuple[dict | None, dict | None]:
+    def _decide(self) -> tuple[Plan | None, dict | None, dict | None]:
         """Rank 0, after the last arm: the fastest measured policy options, unless the
-        buckets beat them by ``fallback_gain``. Returns (trial, tuning) reports."""
-        ours = [(opts, s) for arm, opts, s in self._scores if arm != "fifo" and s is not None]
-        fifo = [s for arm, _, s in self._scores if arm == "fifo" and s is not None]
-        default = next((s for arm, _, s in self._scores if arm == "policy" and s is not None), None)
-        trial = tuning = None
+        buckets beat them by ``fallback_gain``. Returns the plan that was measured for the
+        choice (kept as it ran, not re-made from the latest estimates), and the trial and
+        tuning reports."""
+        scored = [entry for entry in self._scores if entry[2] is not None]
+        ours = [entry for entry in scored if entry[0] != "fifo"]
+        fifo = next((entry for entry in scored if entry[0] == "fifo"), None)
+        default = next((entry for entry in scored if entry[0] == "policy"), None)
         if not ours:
-            return None, None
-        options, best_s = min(ours, key=lambda item: item[1])
-        if default is not None and best_s >= default:
-            options, best_s = {}, default  # the defaults, unless a candidate measured faster
-        self.chosen = dataclasses.replace(self.policy, **options)
-        if fifo:
-            use_fifo = best_s > fifo[0] * (1.0 - self.config.fallback_gain)
-            trial = {"policy_s": best_s, "fifo_s": fifo[0], "use_fifo": use_fifo}
+            return None, None, None
+        best = min(ours, key=lambda entry: entry[2])
+        if default is not None and best[2] >= default[2]:
+            best = default  # the starting options, unless a candidate measured faster
+        _, options, best_s, plan = best
+        self.chosen = dataclasses.replace(self.policy, **(options or {}))
+        trial = tuning = None
+        if fifo is not None:
+            use_fifo = best_s > fifo[2] * (1.0 - self.config.fallback_gain)
+            trial = {"policy_s": best_s, "fifo_s": fifo[2], "use_fifo": use_fifo}
             if use_fifo:
-                self.chosen = FifoConfig()
+                self.chosen, plan = FifoConfig(), fifo[3]
         if self.tuner is not None:
-            tuning = {"best_options": options or dict(self.tuner.default_options), "best_s": best_s,
-                      "default_s": default, "history": list(self.tuner.history)}
-        return trial, tuning
+            tuning = {"best_options": dict(options or self.tuner.default_options), "best_s": best_s,
+                      "default_s": default[2] if default else None, "history": list(self.tuner.history)}
+        return plan, trial, tuning
 
     def _propose(self, round_index: int, stage: tuple[str, int]) -> tuple | None:
         kind, i = stage
@@ -231,16 +235,19 @@ class Planner:
             prediction = self._predict(timings, *(self.link or (est.latency, est.seconds_per_byte, est.per_message)))
         if kind not in ("replan", "policy"):
             self._close_arm(i - 1)
+        plan = options = None
         if kind == "decide":
-            trial, tuning = self._decide()
+            plan, trial, tuning = self._decide()
             policy = self.chosen
         elif kind == "replan":
             policy = self.chosen
         else:
             options = self._next_options(kind)
-            self._running = (kind, options)
             policy = FifoConfig() if options is None else dataclasses.replace(self.policy, **options)
-        plan = make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture)
+        if plan is None:
+            plan = make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture)
+        if kind not in ("decide", "replan"):
+            self._running = (kind, options, plan)
         current = self.exchange.plan_for(round_index + 1)
         if plan.messages == current.messages and plan.cross_barrier == current.cross_barrier:
             return None, prediction, trial, tuning

@@ -52,7 +52,7 @@ class Tuner:
         start = start or {d.option: getattr(defaults, d.option) for d in space.dimensions}
         self.default_options = space.repair(start)
         space.validate(self.default_options)
-        self.study.enqueue_trial({d.option: min(max(self.default_options[d.option], d.low), d.high)
+        self.study.enqueue_trial({d.option: float(min(max(self.default_options[d.option], d.low), d.high))
                                   for d in space.dimensions})
         self._asked: dict[int, tuple[optuna.trial.Trial, Candidate]] = {}
         self.history: list[dict[str, Any]] = []
@@ -61,10 +61,10 @@ class Tuner:
         trial = self.study.ask()
         raw = {}
         for d in self.space.dimensions:
-            if d.integer:
-                raw[d.option] = trial.suggest_int(d.option, int(d.low), int(d.high), log=True)
-            else:
-                raw[d.option] = trial.suggest_float(d.option, d.low, d.high, log=True)
+            # sizes too are searched as continuous values (rounded to bytes here): Optuna's GP
+            # sampler would enumerate every integer of a 64 KiB .. 64 MiB range
+            value = trial.suggest_float(d.option, d.low, d.high, log=True)
+            raw[d.option] = int(round(value)) if d.integer else value
         first = trial.number == 0
         candidate = Candidate(trial.number, self.default_options if first else self.space.repair(raw), first)
         self._asked[trial.number] = (trial, candidate)

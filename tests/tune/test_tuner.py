@@ -1,0 +1,111 @@
+"""The tuner: search spaces, ask/tell, determinism under a seed, offline tuning against the
+simulator, and ``gradsched tune``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradsched.cli import main
+from gradsched.models import model_table
+from gradsched.sim import Cluster
+from gradsched.tune import Dimension, SearchSpace, Tuner, default_space, grid_search, tune_offline
+from gradsched.tune.offline import simulate_options
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def bowl(options):
+    """A smooth objective with its minimum at 256 KiB slices and a 4 MiB window."""
+    import math
+
+    return 1.0 + (math.log2(options["partition_bytes"]) - 18) ** 2 + (math.log2(options["credit_bytes"]) - 22) ** 2
+
+
+def run_tuner(seed, trials=10, sampler="gp"):
+    tuner = Tuner(default_space("bytescheduler"), seed=seed, sampler=sampler)
+    for _ in range(trials):
+        c = tuner.ask()
+        tuner.tell(c, bowl(c.options))
+    return tuner
+
+
+def test_defaults_first_then_valid_candidates_and_best_so_far():
+    tuner = run_tuner(seed=3, sampler="tpe")
+    history = tuner.history
+    assert history[0]["default"] and history[0]["options"] == {"partition_bytes": 4 * MiB, "credit_bytes": 16 * MiB}
+    for h in history:
+        assert 64 * KiB <= h["options"]["partition_bytes"] <= 64 * MiB
+        assert h["options"]["credit_bytes"] >= h["options"]["partition_bytes"]  # repaired into a valid window
+    assert [h["best_s"] for h in history] == [min(x["iteration_s"] for x in history[: i + 1]) for i in range(10)]
+    assert tuner.best["iteration_s"] == min(h["iteration_s"] for h in history)
+    assert tuner.best["iteration_s"] < tuner.default_result["iteration_s"]  # the bowl's default is poor
+
+
+@pytest.mark.parametrize("sampler", ["gp", "tpe", "random"])
+def test_deterministic_under_a_seed(sampler):
+    trials = 6 if sampler == "gp" else 10  # the GP sampler models from the fifth trial on
+    a, b = run_tuner(5, trials, sampler), run_tuner(5, trials, sampler)
+    assert [h["options"] for h in a.history] == [h["options"] for h in b.history]
+    c = run_tuner(6, trials, sampler)
+    assert [h["options"] for h in c.history] != [h["options"] for h in a.history]
+
+
+def test_invalid_spaces_and_values_are_refused():
+    with pytest.raises(ValueError, match="bounds must be > 0"):
+        Dimension("partition_bytes", 0, 10)
+    with pytest.raises(ValueError, match="low 10 > high 5"):
+        Dimension("partition_bytes", 10, 5)
+    with pytest.raises(ValueError, match="has no option 'credit'"):
+        SearchSpace("bytescheduler", (Dimension("credit", 1, 10),))
+    with pytest.raises(ValueError, match="no dimension"):
+        SearchSpace("bytescheduler", ())
+    with pytest.raises(ValueError, match="nothing to tune for policy 'fifo'"):
+        default_space("fifo")
+    with pytest.raises(ValueError, match="LOW:HIGH"):
+        default_space("bytescheduler", {"partition_bytes": "1MiB"})
+    with pytest.raises(ValueError, match="partition_bytes"):
+        default_space("bytescheduler", {"partition_bytes": "lots:more"})
+    with pytest.raises(ValueError, match="sampler must be"):
+        Tuner(default_space("bytescheduler"), sampler="magic")
+    tuner = Tuner(default_space("bytescheduler"))
+    candidate = tuner.ask()
+    with pytest.raises(ValueError, match="positive"):
+        tuner.tell(candidate, float("nan"))
+    tuner.tell(candidate, 1.0)
+    with pytest.raises(ValueError, match="told already"):
+        tuner.tell(candidate, 1.0)
+
+
+def test_prophet_space_includes_the_stage_threshold():
+    space = default_space("prophet", {"stage_factor": "1.5:4"})
+    assert [d.option for d in space.dimensions] == ["partition_bytes", "credit_bytes", "stage_factor"]
+    assert space.dimensions[2].integer is False and space.dimensions[2].low == 1.5
+
+
+def test_offline_tuning_never_reports_worse_than_the_default_and_approaches_the_grid():
+    table = model_table("resnet50", batch=32)
+    cluster = Cluster(16, bandwidth_bps=10e9)
+    space = default_space("bytescheduler")
+    result = tune_offline(table, cluster, space, trials=5, seed=0)
+    assert result.default["options"] == {"partition_bytes": 4 * MiB, "credit_bytes": 16 * MiB}
+    assert result.default["iteration_s"] == pytest.approx(simulate_options(table, cluster, "bytescheduler",
+                                                                           result.default["options"]))
+    assert result.best["iteration_s"] <= result.default["iteration_s"]
+    assert result.best["iteration_s"] >= result.bound_s * 0.999  # nothing beats the physical limit
+    grid = grid_search(table, cluster, space, points=3)
+    assert grid["iteration_s"] >= result.bound_s * 0.999
+
+
+def test_cli_tune_json_and_errors(capsys):
+    code = main(["tune", "--model", "resnet50", "--workers", "8", "--bandwidth", "10Gbit", "--trials", "3", "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    data = json.loads(out)
+    assert data["policy"] == "bytescheduler" and len(data["history"]) == 3
+    assert data["best"]["iteration_s"] <= data["default"]["iteration_s"]
+    assert main(["tune", "--policy", "fifo", "--trials", "3"]) == 2
+    assert "nothing to tune" in capsys.readouterr().err
+    assert main(["tune", "--space", "partition_bytes", "--trials", "3"]) == 2
+    assert main(["tune", "--trials", "0"]) == 2
