@@ -274,3 +274,9 @@ def test_parameters_in_containers_are_updated_before_use(world_of_one, policy):
     waits = {opt._coordinator._module_name[m]: len(idx) for m, idx in opt._coordinator._waits.items()}
     assert waits["blocks.0"] == 2 and waits["blocks.2"] == 2 and waits[""] == 1  # the root holds `scale`
     opt.close()
+
+
+def test_parameter_servers_refuse_non_cpu_parameters(world_of_one):
+    model = net().to("meta")  # stands for CUDA here: any non-CPU device
+    with pytest.raises(GradschedError, match="CPU tensors over gloo"):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), architecture="ps", servers=1)

@@ -195,9 +195,20 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
             log.close()
 
 
+def link_rate(gradient_bytes: int, ring_s: float, workers: int) -> float:
+    """Bits per second of each link direction, from the communication-only time: a ring
+    all-reduce moves 2(n-1)/n of the payload through each worker's link each way."""
+    return 8.0 * gradient_bytes * 2 * (workers - 1) / workers / ring_s
+
+
 def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:
     compute = statistics.median(raw["compute"])
-    comm = statistics.median(raw["comm"])
+    ring = statistics.median(raw["comm"])
+    rate = link_rate(raw["gradient_bytes"], ring, config.workers)
+    # with parameter servers every byte is pushed once and pulled once, each server link
+    # carrying max(1, W/S) of a worker's share: the same bound as the simulator's
+    comm = ring if config.arch == "allreduce" else (
+        raw["gradient_bytes"] * 8.0 * max(1.0, config.workers / config.servers) / rate)
     setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"])
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
     if config.arch == "ps":
@@ -224,27 +235,23 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             tuned = (result.get("autotune") or {}).get("best_options")
             if tuned and ran == base:
                 options = {**options, **tuned}
-            row["predicted_s"] = predict(work.table, policy_config(ran, **options), config.workers,
-                                         raw["gradient_bytes"], comm, compute, raw["latency"], raw["overhead"],
-                                         config.servers if config.arch == "ps" else 0)
+            row["predicted_s"] = predict(work.table, policy_config(ran, **options), config.workers, rate, compute,
+                                         raw["latency"], raw["overhead"], config.servers if config.arch == "ps" else 0)
         setting.rows.append(row)
     return setting
 
 
-def predict(table, config, workers: int, gradient_bytes: int, comm_s: float, compute_s: float,
-            latency_s: float, overhead_s: float, servers: int = 0) -> float:
-    """The simulator's iteration time for policy ``config`` in the setting as measured:
-    bandwidth from the communication-only time, latency from one tiny all-reduce at a time,
+def predict(table, config, workers: int, bandwidth_bps: float, compute_s: float, latency_s: float,
+            overhead_s: float, servers: int = 0) -> float:
+    """The simulator's iteration time for policy ``config`` in the setting as measured: the
+    link rate from the communication-only time, latency from one tiny all-reduce at a time,
     per-message overhead from many in flight, and the layers' times scaled so that compute
     matches the compute-only time (which includes the optimizer step the table lacks). So
     the prediction tests scheduling, not the tc rate or the device preset. ``servers``:
     parameter servers (0: ring all-reduce)."""
-    per_byte = comm_s / gradient_bytes  # seconds per payload byte, as the ring (or push/pull) moved them
-    share = max(1.0, workers / servers) if servers else 2 * (workers - 1) / workers
-    bandwidth = 8.0 * share / per_byte
     overhead = min(overhead_s, latency_s)
-    cluster = Cluster(workers, bandwidth_bps=bandwidth, latency_s=max(0.0, latency_s - overhead), overhead_s=overhead,
-                      arch="ps" if servers else "allreduce", servers=servers)
+    cluster = Cluster(workers, bandwidth_bps=bandwidth_bps, latency_s=max(0.0, latency_s - overhead),
+                      overhead_s=overhead, arch="ps" if servers else "allreduce", servers=servers)
     scale = compute_s / table.compute_s if table.compute_s > 0 else 1.0
     scaled = ModelTable(table.name, tuple(Layer(l.name, l.forward_s * scale, l.backward_s * scale, l.params)
                                           for l in table.layers), table.meta)

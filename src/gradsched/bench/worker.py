@@ -4,8 +4,7 @@ Started by the runner (inside a network namespace, or on loopback) with the usua
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``. For every policy it builds the
 workload afresh, warms up and times iterations; then it times the same iterations without
 any communication (compute only) and the communication alone (every gradient byte
-all-reduced in DDP-sized buckets, no compute; with parameter servers, the fifo policy's
-25 MiB buckets pushed and pulled after a backward pass that computes nothing). Rank 0
+all-reduced among the workers in DDP-sized buckets, no compute). Rank 0
 prints progress lines and one result line, each a JSON object after a marker the runner
 looks for. With parameter servers the last ranks serve every policy in turn.
 """
@@ -122,8 +121,7 @@ def run(config: dict) -> None:
             del model, opt
         results[policy] = {"times": times, **detail}
 
-    if rank >= workers:  # serve the communication-only run, then leave
-        _push_pull_only(fresh, config, ps_options, group, iters)
+    if rank >= workers:  # a parameter server: nothing more to serve
         dist.destroy_process_group()
         return
 
@@ -137,23 +135,22 @@ def run(config: dict) -> None:
 
     emit("progress", policy="communication only", index=len(config["policies"]) + 1,
          total=len(config["policies"]) + 2)
-    if servers:
-        comm = _push_pull_only(fresh, config, ps_options, group, iters)
-    else:  # every gradient byte in 25 MiB buckets, as DDP sends it
-        buckets, current = [], 0
-        for n in sizes:
-            current += n
-            if current * 4 >= 25 << 20:
-                buckets.append(torch.zeros(current))
-                current = 0
-        if current:
+    # every gradient byte all-reduced among the workers in 25 MiB buckets, as DDP sends it
+    # (with parameter servers the runner turns this into the link's rate)
+    buckets, current = [], 0
+    for n in sizes:
+        current += n
+        if current * 4 >= 25 << 20:
             buckets.append(torch.zeros(current))
+            current = 0
+    if current:
+        buckets.append(torch.zeros(current))
 
-        def communicate() -> None:
-            for work_ in [dist.all_reduce(b, async_op=True) for b in buckets]:
-                work_.wait()
+    def communicate() -> None:
+        for work_ in [dist.all_reduce(b, group=group, async_op=True) for b in buckets]:
+            work_.wait()
 
-        comm = _time(communicate, max(3, iters // 2), 2)
+    comm = _time(communicate, max(3, iters // 2), 2, group)
 
     # per-message costs: one tiny all-reduce at a time (latency), then many in flight at
     # once (the serial cost per message that pipelining does not hide)
@@ -164,37 +161,6 @@ def run(config: dict) -> None:
     emit("result", policies=results, compute=compute, comm=comm, gradient_bytes=gradient_bytes,
          world_size=workers, latency=statistics.median(latency), overhead=statistics.median(pipelined) / len(tiny))
     dist.destroy_process_group()
-
-
-class _Carrier(nn.Module):
-    """Parameters of the workload's shapes, in its order, and a forward pass that computes
-    (almost) nothing: a real wrapped model whose iterations are communication only."""
-
-    def __init__(self, like: nn.Module) -> None:
-        super().__init__()
-        self.weights = nn.ParameterList([nn.Parameter(torch.zeros_like(p)) for p in like.parameters()])
-
-    def forward(self) -> torch.Tensor:
-        return torch.stack([p.reshape(-1)[0] for p in self.weights]).sum()
-
-
-def _push_pull_only(fresh, config: dict, ps_options: dict, group, iters: int) -> list[float] | None:
-    """Every gradient byte pushed to the servers and pulled back in the fifo policy's
-    buckets, after a backward pass that computes nothing. Servers serve it (None)."""
-    carrier = _Carrier(fresh()[0])
-    opt = torch.optim.SGD(carrier.parameters(), lr=0.0)
-    carrier, opt = gradsched.wrap(carrier, opt, "fifo", profile_rounds=config["profile_rounds"], **ps_options)
-    if opt is None:
-        return None
-
-    def communicate() -> None:
-        opt.zero_grad()
-        carrier().backward()
-        opt.step()
-
-    times = _time(communicate, max(3, iters // 2), 2 + config["profile_rounds"] + 2, group)
-    opt.close()
-    return times
 
 
 if __name__ == "__main__":

@@ -105,8 +105,8 @@ def recv_object(src: int, group: dist.ProcessGroup, size: torch.Tensor, size_wor
 class PushPull:
     """The worker's transport: push each message to its server, pull the sum back.
 
-    gloo's point-to-point operations have no futures: a :class:`Waiter` waits for the
-    pulls in launch order."""
+    gloo's point-to-point operations have no futures: a :class:`Waiter` per server waits
+    for that server's pulls in launch order."""
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
                  server_ranks: Sequence[int], dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
@@ -119,7 +119,10 @@ class PushPull:
         self._owners: dict[int, tuple[Plan, tuple[int, ...]]] = {}
         self._held: list = []  # header and plan sends in flight, with their tensors
         self._lock = threading.Lock()  # headers are sent by the launcher, plans by the main thread
-        self._waiter = Waiter(lambda server, exc: GradschedError(f"push/pull with server rank {server} failed: {exc}"))
+        # one waiter per server: a server answers in plan order, so its pulls complete in
+        # launch order, while pulls from different servers may complete in any order
+        self._waiters = {s: Waiter(lambda server, exc: GradschedError(f"push/pull with server rank {server} failed: "
+                                                                      f"{exc}")) for s in self.servers}
 
     def server_of(self, plan: Plan, k: int) -> int:
         entry = self._owners.get(id(plan))
@@ -157,10 +160,11 @@ class PushPull:
             works.append(dist.isend(buffer, dst=server, group=self.group, tag=message_tag(k, j)))
             works.append(dist.irecv(result, src=server, group=self.group, tag=message_tag(k, j)))
             results.append(result)
-        return [self._waiter.track(works, server)], results
+        return [self._waiters[server].track(works, server)], results
 
     def close(self, wait: bool) -> None:
-        self._waiter.stop(5.0 if wait else 0.5)
+        for waiter in self._waiters.values():
+            waiter.stop(5.0 if wait else 0.5)
         if not wait:
             return
         self._header(*STOP)

@@ -5,10 +5,12 @@ A transport gets the message's buffers (gradients already divided by the number 
 workers) and returns futures that complete when the sum is available, together with the
 tensors that will hold it (the buffers themselves for an all-reduce).
 
-On CPU the futures are completed by a :class:`Waiter`, a thread of ours that waits for the
-operations in launch order, so that no Python code ever runs on a backend thread: such a
-thread that needs the interpreter while the process exits aborts the process. On CUDA the
-collectives' own futures are used (they order the update after the reduction by stream).
+All-reduce uses the collectives' own futures: they complete in the order the backend
+finishes them (two messages in flight may finish out of launch order, and a credit window
+must learn of the first to finish at once), and on CUDA they order the update after the
+reduction by stream. The callbacks then run on the backend's threads; every one has run
+before ``close()`` returns. Point-to-point operations have no futures on gloo: a
+:class:`Waiter`, a thread of ours, waits for them in launch order.
 """
 
 from __future__ import annotations
@@ -77,7 +79,6 @@ class AllReduce:
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
-        self._waiter: Waiter | None = None
 
     def announce(self, plan: Plan, version: int) -> None:
         pass
@@ -87,12 +88,7 @@ class AllReduce:
 
     def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
         works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in buffers]
-        if buffers[0].is_cuda:
-            return [w.get_future() for w in works], list(buffers)
-        if self._waiter is None:
-            self._waiter = Waiter()
-        return [self._waiter.track(works)], list(buffers)
+        return [w.get_future() for w in works], list(buffers)
 
     def close(self, wait: bool) -> None:
-        if self._waiter is not None:
-            self._waiter.stop(5.0 if wait else 0.5)
+        pass

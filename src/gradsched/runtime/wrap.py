@@ -145,6 +145,9 @@ def wrap(
     if foreign:
         raise GradschedError(f"gradsched.wrap: the optimizer holds {foreign} parameters that are not in the model")
 
+    if runtime.architecture == "ps" and any(p.device.type != "cpu" for p in params):
+        raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
+                             "use architecture='allreduce' for CUDA parameters")
     rank, world = dist.get_rank(), dist.get_world_size()
     wait = timedelta(seconds=runtime.timeout_s)
     if runtime.architecture == "ps":
@@ -178,9 +181,6 @@ def wrap(
         sys.exit(0)
     transport = None
     if server_ranks:
-        if any(p.device.type != "cpu" for p in params):
-            raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
-                                 "use architecture='allreduce' for CUDA parameters")
         transport = ps.PushPull(groups["data"], groups["plans"], rank, server_ranks, dtype_of, runtime.timeout_s)
     if stray and rank == 0:
         import warnings

@@ -40,7 +40,7 @@ class Tuner:
         if startup_trials < 1:
             raise ValueError(f"startup_trials must be >= 1, got {startup_trials}")
         self.space = space
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         if sampler == "gp":
             chosen = optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials, deterministic_objective=False)
         elif sampler == "tpe":
