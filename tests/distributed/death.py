@@ -1,13 +1,12 @@
 """Worker (or server): train until communication fails; rank 0 reports how it failed and how fast.
 
 The rank named by VICTIM (default 1) kills itself (SIGKILL, no clean-up): a worker after 25
-steps, a parameter server (SERVERS > 0: the last ranks) 3 seconds after it started. Prints
-one JSON line per surviving rank."""
+steps, a parameter server (SERVERS > 0: the last ranks) when it starts its 25th round.
+Prints one JSON line per surviving rank."""
 
 import json
 import os
 import signal
-import threading
 import time
 
 import torch
@@ -24,7 +23,16 @@ ps = {"architecture": "ps", "servers": servers} if servers else {}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
 if rank == victim and rank >= dist.get_world_size() - servers:
-    threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    from gradsched.runtime import server as ps_server
+
+    serve_round = ps_server.Server._plan
+
+    def plan_then_die(self, version):
+        if self.rounds == 24:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return serve_round(self, version)
+
+    ps_server.Server._plan = plan_then_die
 x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 last_ok = time.monotonic()
 steps = 0

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
+from launch import finish
 from gradsched.runtime import GradschedError
 
 POLICIES = ["fifo", "bytescheduler", "prophet"]
@@ -255,6 +256,7 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
     dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
+from launch import finish
 from train_compare import SMALL, Net, batches, make_optimizer, slow_backward, train
 
 
@@ -68,6 +69,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"ranks": gathered[: len(workers)]}, f)
     dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

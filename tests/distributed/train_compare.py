@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
+from launch import finish
 
 SMALL = {
     "fifo": {"bucket_cap_bytes": 4096, "first_bucket_bytes": 1024},
@@ -135,6 +136,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"ranks": gathered}, f)
     dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Parameter-server bookkeeping that needs no processes: roles, the message-to-server
-assignment, the wire layout of a message, and PS plans."""
+"""Parameter-server bookkeeping that needs no processes: roles, how buffers are cut over
+servers, the wire layout of a message, and PS plans."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from gradsched.core import TensorSpec, policy_config
 from gradsched.runtime import GradschedError
-from gradsched.runtime.ps import assign, buffer_layout, message_tag, roles
+from gradsched.runtime.ps import buffer_layout, chunks, message_tag, roles
 from gradsched.sim.plan import default_ready_times, make_plan
 
 
@@ -22,17 +22,13 @@ def test_roles_put_servers_last():
         roles(2, 2)
 
 
-@pytest.mark.parametrize("servers", [1, 2, 3])
-def test_assignment_balances_bytes_and_covers_every_message(servers):
-    specs = tensors([100_000, 3_000, 250_000, 40_000, 7_000, 120_000])
-    plan = make_plan(specs, default_ready_times(specs), policy_config("bytescheduler", partition_bytes="64KiB"),
-                     arch="ps")
-    owner = assign(plan, servers)
-    assert len(owner) == len(plan.messages) and set(owner) == set(range(servers))
-    load = [sum(m.nbytes for m, s in zip(plan.messages, owner) if s == k) for k in range(servers)]
-    biggest = max(m.nbytes for m in plan.messages)
-    assert max(load) - min(load) <= biggest  # greedy least-loaded: within one message
-    assert assign(plan, servers) == owner  # every rank computes the same
+@pytest.mark.parametrize("numel,servers", [(10, 3), (1_000_003, 2), (5, 8), (7, 1)])
+def test_chunks_cover_a_buffer_evenly_and_in_order(numel, servers):
+    parts = chunks(numel, servers)
+    assert len(parts) == servers and parts[0][0] == 0 and parts[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in server order
+    sizes = [hi - lo for lo, hi in parts]
+    assert max(sizes) - min(sizes) <= 1  # every server carries the same bytes, within one element
 
 
 def test_buffer_layout_groups_by_dtype_in_name_order():

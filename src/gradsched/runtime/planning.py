@@ -169,7 +169,8 @@ class Planner:
         self._scores.append((arm, options, seconds, plan))
         if self.tuner is not None and arm != "fifo" and self._candidate is not None:
             if seconds is not None:
-                self.tuner.tell(self._candidate, seconds)
+                with torch.enable_grad():  # control points run inside optimizer.step(), under no_grad
+                    self.tuner.tell(self._candidate, seconds)
                 logger.info("gradsched autotune: trial %d %s: %.2f ms per iteration", self._candidate.number,
                             options, seconds * 1e3)
             self._candidate = None
@@ -180,7 +181,8 @@ class Planner:
             return None
         if self.tuner is None:
             return {}
-        self._candidate = self.tuner.ask()
+        with torch.enable_grad():  # the GP sampler fits its model with autograd
+            self._candidate = self.tuner.ask()
         return dict(self._candidate.options)
 
     def _decide(self) -> tuple[Plan | None, dict | None, dict | None]:

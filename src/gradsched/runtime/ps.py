@@ -1,5 +1,5 @@
-"""Parameter-server architecture: roles, the message-to-server assignment, the wire format,
-and the worker's side (push a message to its server, pull the sum back).
+"""Parameter-server architecture: roles, how messages are spread over servers, the wire
+format, and the worker's side (push a message to the servers, pull the sum back).
 
 Roles. A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
 ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
@@ -7,13 +7,15 @@ ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the u
 workers finish (see :mod:`gradsched.runtime.server`).
 
 Messages. The workers agree on plans exactly as with all-reduce (rank 0 proposes at the
-control points), and rank 0 forwards every plan to every server. Message ``k`` of a plan
-goes, whole, to one server: messages are dealt in plan order, each to the server with
-the fewest bytes so far (ties: the lowest server), so servers carry about equal bytes.
-A message is one buffer per dtype (in the order of the dtypes' names); buffer ``j`` of
-message ``k`` travels with tag ``1 + 16 k + j``, both ways. Because transfers are
-point-to-point and keyed by tag, no ordering between workers is needed: each worker
-pushes in its own time.
+control points), and rank 0 forwards every plan to every server. A message is one buffer
+per dtype (in the order of the dtypes' names), and every buffer is cut into ``S`` near-equal
+contiguous chunks, chunk ``s`` to server ``s``: every server carries the same bytes (within
+one element per buffer) at every moment. (Whole messages dealt to servers would balance
+bytes only over a round: all workers follow the same plan, so they would all push to the
+same server at once while the others idle.) Chunk ``s`` of buffer ``j`` of message ``k``
+travels with tag ``1 + 16 k + j``, both ways, between a worker and server ``s``. Because
+transfers are point-to-point and keyed by tag, no ordering between workers is needed:
+each worker pushes in its own time.
 
 Rounds. At the start of each round a worker sends every server a header ``(round, plan
 version)``; the servers answer a round only once every worker announced it, with the same
@@ -58,15 +60,13 @@ def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
     return list(range(workers)), list(range(workers, world_size))
 
 
-def assign(plan: Plan, servers: int) -> tuple[int, ...]:
-    """The server (0-based) of each message: dealt in plan order to the least loaded."""
-    load = [0] * servers
-    owner = []
-    for message in plan.messages:
-        s = min(range(servers), key=lambda i: (load[i], i))
-        load[s] += message.nbytes
-        owner.append(s)
-    return tuple(owner)
+def chunks(numel: int, servers: int) -> list[tuple[int, int]]:
+    """(first, end) element of each server's chunk of a buffer of ``numel`` elements."""
+    base, extra = divmod(numel, servers)
+    bounds = [0]
+    for s in range(servers):
+        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
+    return list(zip(bounds, bounds[1:]))
 
 
 def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype]) -> list[tuple[torch.dtype, int]]:
@@ -105,8 +105,8 @@ def recv_object(src: int, group: dist.ProcessGroup, size: torch.Tensor, size_wor
 class PushPull:
     """The worker's transport: push each message to its server, pull the sum back.
 
-    gloo's point-to-point operations have no futures: a :class:`Waiter` per server waits
-    for that server's pulls in launch order."""
+    gloo's point-to-point operations have no futures: a :class:`Waiter` waits for the
+    pulls in launch order (the order every server answers in)."""
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
                  server_ranks: Sequence[int], dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
@@ -116,20 +116,11 @@ class PushPull:
         self.servers = list(server_ranks)
         self.dtype_of = dict(dtype_of)
         self.timeout_s = timeout_s
-        self._owners: dict[int, tuple[Plan, tuple[int, ...]]] = {}
         self._held: list = []  # header and plan sends in flight, with their tensors
         self._lock = threading.Lock()  # headers are sent by the launcher, plans by the main thread
-        # one waiter per server: a server answers in plan order, so its pulls complete in
-        # launch order, while pulls from different servers may complete in any order
-        self._waiters = {s: Waiter(lambda server, exc: GradschedError(f"push/pull with server rank {server} failed: "
-                                                                      f"{exc}")) for s in self.servers}
-
-    def server_of(self, plan: Plan, k: int) -> int:
-        entry = self._owners.get(id(plan))
-        if entry is None or entry[0] is not plan:
-            self._owners = {key: v for key, v in self._owners.items() if v[0] is not plan}
-            entry = self._owners[id(plan)] = (plan, assign(plan, len(self.servers)))
-        return self.servers[entry[1][k]]
+        # every server answers messages in plan order, so pulls complete in launch order
+        self._waiter = Waiter(lambda k, exc: GradschedError(f"push/pull of message {k} with the servers "
+                                                            f"{self.servers} failed: {exc}"))
 
     def announce(self, plan: Plan, version: int) -> None:
         if self.rank == 0:
@@ -153,18 +144,19 @@ class PushPull:
         layout = buffer_layout(plan.messages[k], self.dtype_of)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {k}: buffers {[(b.dtype, b.numel()) for b in buffers]} != layout {layout}")
-        server = self.server_of(plan, k)
         works, results = [], []
         for j, buffer in enumerate(buffers):
             result = torch.empty_like(buffer)
-            works.append(dist.isend(buffer, dst=server, group=self.group, tag=message_tag(k, j)))
-            works.append(dist.irecv(result, src=server, group=self.group, tag=message_tag(k, j)))
+            for server, (lo, hi) in zip(self.servers, chunks(buffer.numel(), len(self.servers))):
+                if hi > lo:
+                    tag = message_tag(k, j)
+                    works.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
+                    works.append(dist.irecv(result[lo:hi], src=server, group=self.group, tag=tag))
             results.append(result)
-        return [self._waiters[server].track(works, server)], results
+        return [self._waiter.track(works, k)], results
 
     def close(self, wait: bool) -> None:
-        for waiter in self._waiters.values():
-            waiter.stop(5.0 if wait else 0.5)
+        self._waiter.stop(5.0 if wait else 0.5)
         if not wait:
             return
         self._header(*STOP)

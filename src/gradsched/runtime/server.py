@@ -2,9 +2,9 @@
 
 A server serves rounds one at a time. It waits for every worker's header of the round
 (all must name the same round and plan), takes the plan (received from rank 0 when it was
-adopted), posts a receive for each of its messages from each worker, and then, message by
-message in plan order (the order every worker pushes in), sums the workers' buffers in
-worker order and sends the sum back to every worker. Workers divided their gradients by
+adopted), posts a receive of its chunk of every message from each worker, and then,
+message by message in plan order (the order every worker pushes in), sums the workers'
+chunks in worker order and sends the sum back to every worker. Workers divided their gradients by
 the number of workers before pushing, so the sum is the average, as with DDP.
 
 The optimizer runs on the workers, so any optimizer works, and the server holds no
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..sim.plan import Plan
 from .errors import GradschedError
-from .ps import HEADER_TAG, STOP, assign, buffer_layout, message_tag, recv_object
+from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag, recv_object
 
 
 class Server:
@@ -98,11 +98,13 @@ class Server:
                 )
             round_index, version = next(iter(seen.values()))
             plan = self._plan(version)
-            owner = assign(plan, len(self.servers))
-            mine = [k for k in range(len(plan.messages)) if owner[k] == self.me]
             received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]] = {}
-            for k in mine:
-                for j, (dtype, numel) in enumerate(buffer_layout(plan.messages[k], self.dtype_of)):
+            for k, message in enumerate(plan.messages):
+                for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
+                    lo, hi = chunks(total_numel, len(self.servers))[self.me]
+                    numel = hi - lo
+                    if numel == 0:
+                        continue
                     slots = []
                     for w in self.workers:
                         buffer = torch.empty(numel, dtype=dtype)

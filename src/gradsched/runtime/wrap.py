@@ -26,7 +26,7 @@ from torch import nn
 from ..core import POLICIES, policy_config
 from .config import RuntimeConfig
 from .coordinator import Coordinator
-from .errors import GradschedError
+from .errors import GradschedError, failing_rank
 from .optimizer import ScheduledOptimizer
 from . import ps
 from .server import Server
@@ -167,7 +167,8 @@ def wrap(
             "buffers": dist.new_group(timeout=wait),
         }
         check_group = groups["control"]
-    _check_across_ranks(names, params, config.as_dict(), runtime, check_group, world)
+    with failing_rank("gradsched.wrap: checking the ranks against each other"):
+        _check_across_ranks(names, params, config.as_dict(), runtime, check_group, world)
     if runtime.broadcast_parameters:
         with torch.no_grad():
             for p in params:
