@@ -109,3 +109,15 @@ def test_cli_tune_json_and_errors(capsys):
     assert "nothing to tune" in capsys.readouterr().err
     assert main(["tune", "--space", "partition_bytes", "--trials", "3"]) == 2
     assert main(["tune", "--trials", "0"]) == 2
+
+
+def test_online_trust_region_keeps_user_ranges_and_the_start_inside():
+    from gradsched.tune.space import around
+
+    space = default_space("prophet", {"credit_bytes": "1MiB:2MiB"})
+    start = {"partition_bytes": 256 * KiB, "credit_bytes": 16 * MiB, "stage_factor": 2.0}
+    narrow = around(space, start, keep=("credit_bytes",))
+    dims = {d.option: d for d in narrow.dimensions}
+    assert (dims["partition_bytes"].low, dims["partition_bytes"].high) == (64 * KiB, 2 * MiB)  # 1/8x..8x, clipped
+    assert (dims["credit_bytes"].low, dims["credit_bytes"].high) == (1 * MiB, 2 * MiB)  # the user's range
+    assert (dims["stage_factor"].low, dims["stage_factor"].high) == (1.2, 8.0)  # not a size: unchanged

@@ -73,9 +73,12 @@ class Planner:
         self.tuner = None
         if self.config.autotune and self.rank == 0 and "tune" in self.arms:
             from ..tune import Tuner, default_space
+            from ..tune.space import around
 
             space = default_space(policy.name, self.config.autotune_space)
             start = {d.option: getattr(policy, d.option) for d in space.dimensions}  # the user's options
+            # sizes stay within 8x of the starting ones unless the user gave their own ranges
+            space = around(space, start, keep=tuple(self.config.autotune_space or ()))
             self.tuner = Tuner(space, seed=self.config.autotune_seed, start=start)
         self._candidate = None
         self._running: tuple[str, dict | None, Plan | None] = ("policy", {}, None)  # arm, options, plan
