@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import gradsched
 from launch import finish
-from train_compare import SMALL, Net, batches, make_optimizer, slow_backward, train
+from train_compare import Net, batches, make_optimizer, train, wrapped
 
 
 def main() -> None:
@@ -42,14 +41,8 @@ def main() -> None:
             opt, sched = make_optimizer(kind, reference)
             train(DDP(reference, process_group=worker_group), opt, sched, data)
         for policy in args.policies.split(","):
-            torch.manual_seed(0)
-            model = Net()
-            if args.delays:
-                slow_backward(model, rank, seed=len(report))
-            opt, _ = make_optimizer(kind, model)
-            model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy], profile_rounds=2,
-                                        replan_every=2, architecture="ps", servers=args.servers, exit_server=False,
-                                        fallback=False)
+            model, opt = wrapped(policy, kind, rank, args.delays, len(report), architecture="ps",
+                                 servers=args.servers, exit_server=False, fallback=False)
             if opt is None:  # a server: it served this run until the workers closed
                 continue
             train(model, opt, None, data)

@@ -73,6 +73,18 @@ def slow_backward(model: nn.Module, rank: int, seed: int):
             module.register_full_backward_hook(lambda *a, d=delay: time.sleep(d))
 
 
+def wrapped(policy: str, kind: str, rank: int, delays: bool, seed: int, **options):
+    """The seeded model (with backward delays if asked) and optimizer, wrapped with the small
+    test options of ``policy``, re-planning often."""
+    torch.manual_seed(0)
+    model = Net()
+    if delays:
+        slow_backward(model, rank, seed=seed)
+    opt, _ = make_optimizer(kind, model)
+    return gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
+                          **options)
+
+
 def train(model, opt, sched, data, use_step_hooks=True):
     loss_fn = nn.CrossEntropyLoss()
     for x, y in data:
@@ -107,14 +119,8 @@ def main() -> None:
             opt, sched = make_optimizer(kind, reference)
             train(ddp, opt, sched, data)
         for policy in args.policies.split(","):
-            torch.manual_seed(0)
-            model = Net()
-            if args.delays:
-                slow_backward(model, rank, seed=len(report))
-            opt, _ = make_optimizer(kind, model)
-            model, opt = gradsched.wrap(model, opt, policy=policy, policy_options=SMALL[policy],
-                                        profile_rounds=2, replan_every=2, fallback=args.fallback,
-                                        trial_rounds=3)
+            model, opt = wrapped(policy, kind, rank, args.delays, len(report), fallback=args.fallback,
+                                 trial_rounds=3)
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
             train(model, opt, sched, data)
             opt.synchronize()

@@ -109,10 +109,9 @@ def run(config: dict) -> None:
                                         policy_options=config["options"].get(base), **ps_options)
             if opt is None:  # a parameter server: it served this policy's run
                 continue
-            # untimed: profiling, the measured arms (the buckets, tuner candidates; see
-            # gradsched.runtime.planning), then a round on the chosen plan
-            arms = (1 + config["fallback"] + max(tune - 1, 0)) if (config["fallback"] or tune) and base != "fifo" else 0
-            settle = config["profile_rounds"] + arms * TRIAL_ROUNDS + 2
+            # untimed: profiling and the measured arms (the buckets, tuner candidates; see
+            # gradsched.runtime.planning), then one round on the chosen plan
+            settle = opt.stats["settled_round"]
             times = _time(_stepper(model, opt, load, work.loss), iters, warmup + settle, group)
             stats = opt.stats
             detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"],

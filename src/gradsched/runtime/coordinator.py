@@ -313,6 +313,7 @@ class Coordinator:
             "trial": self.planner.trial,
             "autotune": self.planner.tuning,
             "switches": list(self.planner.switches),
+            "settled_round": self.planner.settled_round,
         }
 
     def _broadcast_buffers(self) -> None:

@@ -111,9 +111,8 @@ class Exchange:
         self.grads: list[torch.Tensor | None] = [None] * n
         self.estimator = LinkEstimator()
         self._timer = CompletionTimer(self.estimator)
-        self._plans: list[tuple[int, Plan]] = [(1, plan)]  # (first round, plan)
+        self._plans: list[tuple[int, Plan, int]] = [(1, plan, 1)]  # (first round, plan, number in adoption order)
         self.plans_adopted = 1
-        self._versions = {1: 1}  # first round of a plan -> its number in adoption order
         self.transport = transport or AllReduce(group)
         self.transport.announce(plan, 1)
         self._rounds: dict[int, _Round] = {}
@@ -130,7 +129,7 @@ class Exchange:
     def _layout(self, plan: Plan) -> _Layout:
         layout = self._layouts.get(id(plan))
         if layout is None or layout.plan is not plan:
-            self._layouts = {k: v for k, v in self._layouts.items() if any(v.plan is p for _, p in self._plans)}
+            self._layouts = {k: v for k, v in self._layouts.items() if any(v.plan is p for _, p, _ in self._plans)}
             layout = self._layouts[id(plan)] = _Layout(plan, self.index, self.like)
         return layout
 
@@ -153,13 +152,15 @@ class Exchange:
     def set_plan(self, plan: Plan, first_round: int) -> None:
         """Use ``plan`` from round ``first_round`` on (agreed by all ranks beforehand)."""
         with self.cond:
-            self._plans.append((first_round, plan))
             self.plans_adopted += 1
-            self._versions[first_round] = self.plans_adopted
+            self._plans.append((first_round, plan, self.plans_adopted))
             self.transport.announce(plan, self.plans_adopted)
 
     def plan_for(self, round_index: int) -> Plan:
-        return max((p for p in self._plans if p[0] <= round_index), key=lambda p: p[0])[1]
+        return self._entry_for(round_index)[1]
+
+    def _entry_for(self, round_index: int) -> tuple[int, Plan, int]:
+        return max((e for e in self._plans if e[0] <= round_index), key=lambda e: e[0])
 
     def in_flight(self, i: int) -> bool:
         return self.reduced_round[i] < self.ready_round[i]
@@ -263,13 +264,11 @@ class Exchange:
                 self.cond.notify_all()
 
     def _start_round(self, round_index: int) -> _Round:
-        plan = self.plan_for(round_index)
-        first = max(f for f, p in self._plans if p is plan)
-        self.transport.begin_round(round_index, self._versions[first])
+        entry = self._entry_for(round_index)
+        plan = entry[1]
+        self.transport.begin_round(round_index, entry[2])
         # plans that took effect before this round's are no longer needed
-        self._plans = [(first, p) for first, p in self._plans if first > round_index or p is plan]
-        kept = {f for f, _ in self._plans}
-        self._versions = {f: v for f, v in self._versions.items() if f in kept}
+        self._plans = [e for e in self._plans if e[0] > round_index or e is entry]
         state = _Round(round_index, plan, self._layout(plan), done=[False] * len(plan.messages))
         for k, message in enumerate(plan.messages):
             for name, _, _ in message.slices:

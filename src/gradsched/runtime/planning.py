@@ -112,6 +112,12 @@ class Planner:
                 arms += ["tune"] * (self.config.autotune_trials - 1)
         return arms
 
+    @property
+    def settled_round(self) -> int:
+        """The first round that runs on the plan chosen after profiling and the measured
+        arms (it holds until the next ``replan_every`` point)."""
+        return self.config.profile_rounds + 1 + len(self.arms) * self.config.trial_rounds + 1
+
     def _stage(self, round_index: int) -> tuple[str, int] | None:
         """What the control point after ``round_index`` does: None (nothing), (arm, i)
         (start measured arm i), ("decide", n) (end of the n arms), ("replan", 0)."""
@@ -137,7 +143,7 @@ class Planner:
         if stage is None or round_index in self._done:
             return
         self._done.add(round_index)
-        if stage[0] == "policy" and self.link is None and self.config.architecture == "allreduce":
+        if stage[0] == "policy" and self.config.fallback and self.link is None and self.config.architecture == "allreduce":
             self.link = self._probe()
         proposal = [self._propose(round_index, stage) if self.rank == 0 else None]
         if self.world_size > 1:

@@ -28,15 +28,15 @@ group; a size of 0 ends the stream.
 from __future__ import annotations
 
 import pickle
+import queue
 import threading
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..sim.plan import Plan, PlannedMessage
 from .errors import GradschedError
-from .transport import Waiter
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -100,6 +100,41 @@ def recv_object(src: int, group: dist.ProcessGroup, size: torch.Tensor, size_wor
     payload = torch.empty(n, dtype=torch.uint8)
     dist.recv(payload, src=src, group=group)
     return pickle.loads(payload.numpy().tobytes())
+
+
+class Waiter:
+    """Waits, on a thread of its own, for groups of operations in the order they were
+    started, and completes one future per group (with an exception if one failed)."""
+
+    def __init__(self, describe: Callable[[object, BaseException], BaseException] | None = None) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._describe = describe
+        self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
+        self._thread.start()
+
+    def track(self, works: Sequence[dist.Work], tag: object = None) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        self._queue.put((list(works), future, tag))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            works, future, tag = item
+            try:
+                for work in works:
+                    work.wait()
+            except Exception as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(self._describe(tag, exc) if self._describe else exc)
+            else:
+                future.set_result(None)
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish what was queued, then end the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
 
 
 class PushPull:

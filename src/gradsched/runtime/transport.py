@@ -9,15 +9,13 @@ All-reduce uses the collectives' own futures: they complete in the order the bac
 finishes them (two messages in flight may finish out of launch order, and a credit window
 must learn of the first to finish at once), and on CUDA they order the update after the
 reduction by stream. The callbacks then run on the backend's threads; every one has run
-before ``close()`` returns. Point-to-point operations have no futures on gloo: a
-:class:`Waiter`, a thread of ours, waits for them in launch order.
+before ``close()`` returns. (Point-to-point operations have no futures on gloo: see
+:class:`gradsched.runtime.ps.Waiter`.)
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,41 +35,6 @@ class Transport(Protocol):
 
     def close(self, wait: bool) -> None:
         """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
-
-
-class Waiter:
-    """Waits, on a thread of its own, for groups of operations in the order they were
-    started, and completes one future per group (with an exception if one failed)."""
-
-    def __init__(self, describe: Callable[[object, BaseException], BaseException] | None = None) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._describe = describe
-        self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
-        self._thread.start()
-
-    def track(self, works: Sequence[dist.Work], tag: object = None) -> torch.futures.Future:
-        future: torch.futures.Future = torch.futures.Future()
-        self._queue.put((list(works), future, tag))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            works, future, tag = item
-            try:
-                for work in works:
-                    work.wait()
-            except Exception as exc:  # noqa: BLE001 - delivered through the future
-                future.set_exception(self._describe(tag, exc) if self._describe else exc)
-            else:
-                future.set_result(None)
-
-    def stop(self, timeout_s: float) -> None:
-        """Finish what was queued, then end the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout=timeout_s)
 
 
 class AllReduce:
