@@ -30,7 +30,7 @@ model, opt = gradsched.wrap(model, opt, "bytescheduler", profile_rounds=2, repla
 report = None
 if opt is not None:
     g = torch.Generator().manual_seed(rank)
-    for _ in range(3 + 6 * 3 + 4):
+    for _ in range(3 + 7 * 3 + 4):  # profiling, 6 candidates and a confirming arm, then on
         x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()

@@ -12,9 +12,11 @@ slower than DDP where scheduling cannot help) DDP-style buckets (fifo); with
 ``autotune`` the online tuner's candidates (:mod:`gradsched.tune`, told each measured
 time before it proposes the next). An arm's time is the median iteration time (forward
 start to forward start) without its first round (the switch) and its last (still running
-when the next arm starts). Then rank 0 keeps the fastest measured policy options (the
-user's unless a candidate measured faster) and, unless they beat the buckets by
-``fallback_gain``, the buckets; every later plan uses that choice. The simulator's prediction of the same comparison (the measured model
+when the next arm starts). With ``autotune`` a last arm measures the fastest options so far
+once more, and options are scored by the mean of their arms: the fastest of a handful of
+noisy measurements is likely a lucky one. Then rank 0 keeps the policy options it started
+with unless the confirmed candidate's mean beat them by ``fallback_gain``, and the buckets
+unless the kept options beat them by as much; every later plan uses that choice. The simulator's prediction of the same comparison (the measured model
 on the probed link, see :mod:`gradsched.runtime.profiling`) is made at the start and
 reported next to the measurement; it does not decide, because a few per cent of model
 error is enough to pick the wrong side where the two are close.
@@ -101,15 +103,16 @@ class Planner:
 
     def _arms(self) -> list[str]:
         """The measured arms that follow the first control point, the same on every rank:
-        "policy" (its default options), "fifo" (DDP-style buckets, with ``fallback``) and
-        "tune" (a candidate of the online tuner, with ``autotune``)."""
+        "policy" (its default options), "fifo" (DDP-style buckets, with ``fallback``),
+        "tune" (a candidate of the online tuner, with ``autotune``) and "confirm" (the
+        fastest options so far, measured again, with ``autotune``)."""
         arms = []
         if self.world_size > 1 and self.policy.name != "fifo" and (self.config.fallback or self.config.autotune):
             arms.append("policy")
             if self.config.fallback:
                 arms.append("fifo")
             if self.config.autotune:
-                arms += ["tune"] * (self.config.autotune_trials - 1)
+                arms += ["tune"] * (self.config.autotune_trials - 1) + ["confirm"]
         return arms
 
     @property
@@ -176,7 +179,7 @@ class Planner:
         seconds = self._arm_time(i)
         arm, options, plan = self._running
         self._scores.append((arm, options, seconds, plan))
-        if self.tuner is not None and arm != "fifo" and self._candidate is not None:
+        if self.tuner is not None and arm in ("policy", "tune") and self._candidate is not None:
             if seconds is not None:
                 with torch.enable_grad():  # control points run inside optimizer.step(), under no_grad
                     self.tuner.tell(self._candidate, seconds)
@@ -184,41 +187,66 @@ class Planner:
                             options, seconds * 1e3)
             self._candidate = None
 
-    def _next_options(self, arm: str) -> dict[str, Any] | None:
-        """Rank 0: the options arm ``arm`` runs with (None: fifo's defaults)."""
+    def _next_arm(self, arm: str) -> tuple[dict[str, Any] | None, Plan | None]:
+        """Rank 0: the options arm ``arm`` runs with (None: fifo's defaults), and its plan
+        when it re-runs one measured before (None: make one)."""
         if arm == "fifo":
-            return None
+            return None, None
+        if arm == "confirm":
+            best = self._ranked()[0] if self._ranked() else None
+            return (dict(best["options"]), best["plan"]) if best else ({}, None)
         if self.tuner is None:
-            return {}
+            return {}, None
         with torch.enable_grad():  # the GP sampler fits its model with autograd
             self._candidate = self.tuner.ask()
-        return dict(self._candidate.options)
+        return dict(self._candidate.options), None
+
+    def _ranked(self) -> list[dict[str, Any]]:
+        """Rank 0: the measured policy options, fastest first by the mean of their arms
+        (the starting options first among equals); each with its plan as measured."""
+        start = self.tuner.default_options if self.tuner is not None else {}
+        groups: dict[tuple, dict[str, Any]] = {}
+        for arm, options, seconds, plan in self._scores:
+            if arm == "fifo" or seconds is None:
+                continue
+            options = dict(options or start)
+            key = tuple(sorted(options.items()))
+            entry = groups.setdefault(key, {"options": options, "times": [], "plan": plan,
+                                            "default": options == start})
+            entry["times"].append(seconds)
+        for entry in groups.values():
+            entry["seconds"] = statistics.fmean(entry["times"])
+        return sorted(groups.values(), key=lambda e: (e["seconds"], not e["default"]))
 
     def _decide(self) -> tuple[Plan | None, dict | None, dict | None]:
-        """Rank 0, after the last arm: the fastest measured policy options, unless the
-        buckets beat them by ``fallback_gain``. Returns the plan that was measured for the
-        choice (kept as it ran, not re-made from the latest estimates), and the trial and
-        tuning reports."""
-        scored = [entry for entry in self._scores if entry[2] is not None]
-        ours = [entry for entry in scored if entry[0] != "fifo"]
-        fifo = next((entry for entry in scored if entry[0] == "fifo"), None)
-        default = next((entry for entry in scored if entry[0] == "policy"), None)
-        if not ours:
+        """Rank 0, after the last arm: the fastest measured policy options (the starting
+        ones unless a candidate beat them by ``fallback_gain``), unless the buckets beat
+        them by as much. Returns the plan that was measured for the choice (kept as it
+        ran, not re-made from the latest estimates), and the trial and tuning reports."""
+        ranked = self._ranked()
+        fifo = next((entry for entry in self._scores if entry[0] == "fifo" and entry[2] is not None), None)
+        if not ranked:
             return None, None, None
-        best = min(ours, key=lambda entry: entry[2])
-        if default is not None and best[2] >= default[2]:
-            best = default  # the starting options, unless a candidate measured faster
-        _, options, best_s, plan = best
-        self.chosen = dataclasses.replace(self.policy, **(options or {}))
+        gain = self.config.fallback_gain
+        default = next((entry for entry in ranked if entry["default"]), None)
+        # a candidate replaces the starting options only when measured twice (the confirming
+        # arm) and clearly faster: one lucky arm is not enough
+        best = next((entry for entry in ranked if entry["default"] or len(entry["times"]) > 1), ranked[0])
+        if default is not None and best["seconds"] > default["seconds"] * (1.0 - gain):
+            best = default
+        options, best_s, plan = best["options"], best["seconds"], best["plan"]
+        self.chosen = dataclasses.replace(self.policy, **options)
         trial = tuning = None
         if fifo is not None:
-            use_fifo = best_s > fifo[2] * (1.0 - self.config.fallback_gain)
+            use_fifo = best_s > fifo[2] * (1.0 - gain)
             trial = {"policy_s": best_s, "fifo_s": fifo[2], "use_fifo": use_fifo}
             if use_fifo:
                 self.chosen, plan = FifoConfig(), fifo[3]
         if self.tuner is not None:
-            tuning = {"best_options": dict(options or self.tuner.default_options), "best_s": best_s,
-                      "default_s": default[2] if default else None, "history": list(self.tuner.history)}
+            last = self._scores[-1]
+            confirm = {"options": dict(last[1]), "iteration_s": last[2]} if last[0] == "confirm" else None
+            tuning = {"best_options": dict(options), "best_s": best_s, "default_s": default["seconds"] if default else None,
+                      "confirm": confirm, "history": list(self.tuner.history)}
         return plan, trial, tuning
 
     def _propose(self, round_index: int, stage: tuple[str, int]) -> tuple | None:
@@ -253,7 +281,7 @@ class Planner:
         elif kind == "replan":
             policy = self.chosen
         else:
-            options = self._next_options(kind)
+            options, plan = self._next_arm(kind)
             policy = FifoConfig() if options is None else dataclasses.replace(self.policy, **options)
         if plan is None:
             plan = make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture)

@@ -94,9 +94,10 @@ def wrap(
         autotune: tune the policy's options (partition and credit sizes; Prophet's stage
             threshold) online by Bayesian optimisation: rank 0 proposes ``autotune_trials``
             candidates (your options first), every rank switches at the same step, each
-            is measured over ``trial_rounds`` backward passes, and the fastest measured
-            options are kept (never worse than the ones you started from).
-            ``optimizer.stats["autotune"]`` holds the history.
+            is measured over ``trial_rounds`` backward passes, the fastest is measured once
+            more, and the fastest by the mean of its measurements is kept if it beat your
+            options by 2% (otherwise yours stay). ``optimizer.stats["autotune"]`` holds the
+            history.
         autotune_space: search ranges, option -> "LOW:HIGH" (e.g. ``{"partition_bytes":
             "256KiB:8MiB"}``), replacing the defaults of :func:`gradsched.tune.default_space`.
         autotune_seed: seed of the tuner's sampler.
