@@ -4,13 +4,19 @@
 
 One row per bandwidth; each cell is "iteration ms (the simulator's prediction) / ratio to
 the bound / speed-up over the reference" (DDP, or fifo with parameter servers); a * marks
-a policy that lost its measured trial and ran DDP-style buckets.
+a policy that lost its measured trial and ran DDP-style buckets. Runs with ``--autotune``
+get a second table: per tuned policy, the starting options and what the online tuner
+kept, each with its measured arm time, and the final iteration times untuned and tuned.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+
+def _where(bandwidth_gbps: float | None) -> str:
+    return "loopback" if bandwidth_gbps is None else f"{bandwidth_gbps:g}"
 
 
 def table(data: dict) -> str:
@@ -31,13 +37,44 @@ def table(data: dict) -> str:
             gain = row.get(f"speedup_vs_{reference}")
             cells.append(f"{row['iteration_s'] * 1e3:.0f}{predicted} / {row['ratio_to_bound']:.2f}"
                          + (f" / {gain:.2f}x{fell_back}" if gain else fell_back))
-        where = "loopback" if bandwidth is None else f"{bandwidth:g}"
-        lines.append(f"| {where} | {setting['compute_s'] * 1e3:.0f} | {setting['comm_s'] * 1e3:.0f} | "
+        lines.append(f"| {_where(bandwidth)} | {setting['compute_s'] * 1e3:.0f} | {setting['comm_s'] * 1e3:.0f} | "
                      + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _options(options: dict) -> str:
+    def show(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.2f}"
+        return f"{value / (1 << 20):.2g} MiB" if value >= 1 << 20 else f"{value / 1024:.0f} KiB"
+
+    return ", ".join(f"{k.removesuffix('_bytes')} {show(v)}" for k, v in options.items())
+
+
+def tuning_table(data: dict) -> str:
+    """One row per autotuned run: start -> kept options, arm times, final times."""
+    tuned = [r for r in data["results"] if r.get("autotune")]
+    if not tuned:
+        return ""
+    lines = ["| Gbit/s | policy | starting options (arm ms) | kept options (mean of arms ms) | final ms: as set -> tuned "
+             "| plan run |", "|---:|---|---|---|---|---|"]
+    for row in tuned:
+        tuning, base = row["autotune"], row["policy"].partition("+")[0]
+        plain = next((r for r in data["results"] if r["policy"] == base
+                      and r["bandwidth_gbps"] == row["bandwidth_gbps"]), None)
+        start = tuning["history"][0]["options"]
+        kept = "the starting ones" if tuning["best_options"] == start else _options(tuning["best_options"])
+        before = f"{plain['iteration_s'] * 1e3:.0f} -> " if plain else ""
+        lines.append(f"| {_where(row['bandwidth_gbps'])} | {base} | {_options(start)} ({tuning['default_s'] * 1e3:.0f}) | "
+                     f"{kept} ({tuning['best_s'] * 1e3:.0f}) | {before}{row['iteration_s'] * 1e3:.0f} | "
+                     f"{'DDP-style buckets' if row.get('plan') == 'fifo' else base} |")
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         with open(path) as f:
-            print(table(json.load(f)))
+            data = json.load(f)
+        print(table(data))
+        if tuning_table(data):
+            print(tuning_table(data))

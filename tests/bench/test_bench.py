@@ -3,15 +3,18 @@ through network namespaces and tc). Skipped where namespaces cannot be created."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from gradsched.bench import EmulatedCluster, available, remove_stale
 from gradsched.bench.netns import PREFIX, _run_id
 
+ROOT = Path(__file__).resolve().parents[2]
 HAVE_NETNS, WHY = available()
 needs_netns = pytest.mark.skipif(not HAVE_NETNS, reason=f"no network namespaces here: {WHY}")
 
@@ -185,4 +188,15 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     assert rows["fifo"]["speedup_vs_fifo"] == 1.0 and rows["fifo"]["speedup_vs_ddp"] is None
     tuning = rows["bytescheduler+autotune"]["autotune"]
     assert len(tuning["history"]) == 2 and tuning["best_s"] <= tuning["default_s"]
+    assert tuning["confirm"]["options"] in [h["options"] for h in tuning["history"]]
     assert all(r["predicted_s"] > 0 for r in rows.values())
+    # the README's tables render from this JSON, the tuner's report included
+    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "benchmarks" / "bench_table.py")
+    bench_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_table)
+    text = bench_table.table(data)
+    assert "| loopback |" in text and "bytescheduler+autotune" in text
+    tuned = bench_table.tuning_table(data).splitlines()
+    assert len(tuned) == 3 and tuned[2].startswith("| loopback | bytescheduler | partition 4 MiB, credit 16 MiB (")
+    final = rows["bytescheduler+autotune"]["iteration_s"] * 1e3
+    assert f"{rows['bytescheduler']['iteration_s'] * 1e3:.0f} -> {final:.0f}" in tuned[2]
