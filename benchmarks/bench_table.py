@@ -76,5 +76,6 @@ if __name__ == "__main__":
         with open(path) as f:
             data = json.load(f)
         print(table(data))
-        if tuning_table(data):
-            print(tuning_table(data))
+        tuned = tuning_table(data)
+        if tuned:
+            print(tuned)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from launch import finish
-from train_compare import Net, batches, make_optimizer, train, wrapped
+from train_compare import against, batches, make_optimizer, seeded_reference, train, wrapped
 
 
 def main() -> None:
@@ -34,9 +33,7 @@ def main() -> None:
     data = batches(rank, args.steps)
     report = {}
     for kind in args.optimizers.split(","):
-        torch.manual_seed(0)
-        reference = Net()
-        initial = [p.detach().clone() for p in reference.parameters()]
+        reference, initial = seeded_reference()
         if is_worker:
             opt, sched = make_optimizer(kind, reference)
             train(DDP(reference, process_group=worker_group), opt, sched, data)
@@ -47,15 +44,10 @@ def main() -> None:
                 continue
             train(model, opt, None, data)
             opt.synchronize()
-            final = [p.detach() for p in model.parameters()]
-            states = zip(model.state_dict().values(), reference.state_dict().values())
-            diff = max((a.double() - b.double()).abs().max().item() for a, b in states)
-            moved = max((a - b).abs().max().item() for a, b in zip(final, initial))
             stats = opt.stats
+            report[f"{policy}/{kind}"] = {**against(model, reference, initial), "rounds": stats["rounds"],
+                                          "plans_adopted": stats["plans_adopted"], "plan_policy": stats["plan_policy"]}
             opt.close()
-            report[f"{policy}/{kind}"] = {"max_abs_diff": diff, "moved": moved, "rounds": stats["rounds"],
-                                          "plans_adopted": stats["plans_adopted"], "plan_policy": stats["plan_policy"],
-                                          "checksum": [float(t.double().sum()) for t in final]}
     gathered = [None] * world
     dist.all_gather_object(gathered, report)
     if rank == 0:

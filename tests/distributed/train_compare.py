@@ -85,6 +85,23 @@ def wrapped(policy: str, kind: str, rank: int, delays: bool, seed: int, **option
                           **options)
 
 
+def seeded_reference():
+    """The seeded model every run starts from, and a copy of its initial parameters."""
+    torch.manual_seed(0)
+    reference = Net()
+    return reference, [p.detach().clone() for p in reference.parameters()]
+
+
+def against(model, reference, initial) -> dict:
+    """How far ``model`` ended from ``reference`` (parameters and buffers) and from
+    ``initial``, and a checksum of its parameters for comparing ranks."""
+    final = [p.detach() for p in model.parameters()]
+    states = zip(model.state_dict().values(), reference.state_dict().values())
+    return {"max_abs_diff": max((a.double() - b.double()).abs().max().item() for a, b in states),
+            "moved": max((a - b).abs().max().item() for a, b in zip(final, initial)),
+            "checksum": [float(t.double().sum()) for t in final]}
+
+
 def train(model, opt, sched, data, use_step_hooks=True):
     loss_fn = nn.CrossEntropyLoss()
     for x, y in data:
@@ -111,9 +128,7 @@ def main() -> None:
     data = batches(rank, args.steps)
     report = {}
     for kind in args.optimizers.split(","):
-        torch.manual_seed(0)
-        reference = Net()
-        initial = [p.detach().clone() for p in reference.parameters()]
+        reference, initial = seeded_reference()
         if not args.no_ddp:
             ddp = DDP(reference)
             opt, sched = make_optimizer(kind, reference)
@@ -124,17 +139,14 @@ def main() -> None:
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
             train(model, opt, sched, data)
             opt.synchronize()
-            final = [p.detach() for p in model.parameters()]
-            states = zip(model.state_dict().values(), reference.state_dict().values())
-            diff = max((a.double() - b.double()).abs().max().item() for a, b in states)  # buffers too
-            moved = max((a - b).abs().max().item() for a, b in zip(final, initial))
+            measured = against(model, reference, initial)
+            if args.no_ddp:
+                measured["max_abs_diff"] = None
             stats = opt.stats
             opt.close()
-            report[f"{policy}/{kind}"] = {"max_abs_diff": None if args.no_ddp else diff, "moved": moved,
-                                          "plans_adopted": stats["plans_adopted"], "rounds": stats["rounds"],
-                                          "plan_policy": stats["plan_policy"], "prediction": stats["prediction"],
-                                          "trial": stats["trial"],
-                                          "checksum": [float(t.double().sum()) for t in final]}
+            report[f"{policy}/{kind}"] = {**measured, "plans_adopted": stats["plans_adopted"],
+                                          "rounds": stats["rounds"], "plan_policy": stats["plan_policy"],
+                                          "prediction": stats["prediction"], "trial": stats["trial"]}
     # every rank must hold identical parameters too
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)

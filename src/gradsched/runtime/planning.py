@@ -16,10 +16,11 @@ when the next arm starts). With ``autotune`` a last arm measures the fastest opt
 once more, and options are scored by the mean of their arms: the fastest of a handful of
 noisy measurements is likely a lucky one. Then rank 0 keeps the policy options it started
 with unless the confirmed candidate's mean beat them by ``fallback_gain``, and the buckets
-unless the kept options beat them by as much; every later plan uses that choice. The simulator's prediction of the same comparison (the measured model
-on the probed link, see :mod:`gradsched.runtime.profiling`) is made at the start and
-reported next to the measurement; it does not decide, because a few per cent of model
-error is enough to pick the wrong side where the two are close.
+unless the kept options beat them by as much; every later plan uses that choice. The
+simulator's prediction of the same comparison (the measured model on the probed link, see
+:mod:`gradsched.runtime.profiling`) is made at the start and reported next to the
+measurement; it does not decide, because a few per cent of model error is enough to pick
+the wrong side where the two are close.
 """
 
 from __future__ import annotations
@@ -193,8 +194,8 @@ class Planner:
         if arm == "fifo":
             return None, None
         if arm == "confirm":
-            best = self._ranked()[0] if self._ranked() else None
-            return (dict(best["options"]), best["plan"]) if best else ({}, None)
+            ranked = self._ranked()
+            return (dict(ranked[0]["options"]), ranked[0]["plan"]) if ranked else ({}, None)
         if self.tuner is None:
             return {}, None
         with torch.enable_grad():  # the GP sampler fits its model with autograd
