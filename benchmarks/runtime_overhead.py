@@ -75,7 +75,7 @@ def worker(args: argparse.Namespace) -> None:
     stats = {}
     for name, (model, opt) in runners.items():
         if name != "ddp":
-            stats[name] = opt.stats
+            stats[name] = opt.stats.as_dict()
             opt.close()
     if rank == 0:
         medians = {name: statistics.median(ts) for name, ts in times.items()}

@@ -18,21 +18,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .cli_args import Parser, UsageError, bandwidths, parse_sets, split_list
 from .core import POLICIES, policy_config
 from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
-from .units import parse_bandwidth, parse_duration
-
-
-class UsageError(Exception):
-    """Bad input from the command line: printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of usage + message
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+from .units import parse_duration
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -43,21 +35,26 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sample of text models (default 128)")
 
 
+def _add_setting_args(p: argparse.ArgumentParser) -> None:
+    """A simulated setting: the model (or a profile) and the cluster."""
+    _add_model_args(p)
+    p.add_argument("--profile", help="measured JSON profile to use instead of --model (docs/profile-format.md)")
+    p.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
+    p.add_argument("--bandwidth", help="link bandwidth per worker and direction, e.g. 10Gbit (default 10Gbit)")
+    p.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
+    p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
+    p.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gradsched", description="Scheduling of gradient communication: simulator and tools.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="gradsched", description="Scheduling of gradient communication: simulator and tools.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     sim = sub.add_parser("simulate", help="compare scheduling policies in the simulator",
                          description="Simulate data-parallel training under each policy and compare iteration "
                                      "times with the bound max(compute, communication).")
-    _add_model_args(sim)
-    sim.add_argument("--profile", help="measured JSON profile to use instead of --model (docs/profile-format.md)")
-    sim.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
-    sim.add_argument("--bandwidth", help="link bandwidth per worker and direction, e.g. 10Gbit (default 10Gbit)")
+    _add_setting_args(sim)
     sim.add_argument("--sweep-bandwidth", help="comma list of bandwidths, bare numbers in Gbit/s: 1,2,5,10")
-    sim.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
-    sim.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
-    sim.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
     sim.add_argument("--policy", default=",".join(POLICIES), help=f"comma list of: {', '.join(POLICIES)}")
     sim.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
                      help="change a policy option, e.g. bytescheduler.credit_bytes=8MiB (repeatable; "
@@ -78,18 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .tune.cli import add_parser as add_tune
 
     add_bench(sub)
-    add_tune(sub, _add_model_args)
+    add_tune(sub, _add_setting_args)
     return parser
 
 
 # -- helpers -------------------------------------------------------------------------------
-def _split(text: str) -> list[str]:
-    items = [s.strip() for s in text.split(",")]
-    if not all(items):
-        raise UsageError(f"empty item in list {text!r}")
-    return items
-
-
 def _table(args: argparse.Namespace) -> ModelTable:
     if getattr(args, "profile", None):
         if args.model:
@@ -99,33 +89,24 @@ def _table(args: argparse.Namespace) -> ModelTable:
 
 
 def _policies(args: argparse.Namespace) -> list[PolicyConfig]:
-    names = _split(args.policy)
+    names = split_list(args.policy, "--policy")
     for name in names:
         if name not in POLICIES:
             raise UsageError(f"unknown policy {name!r}; choose from: {', '.join(POLICIES)}")
     if len(set(names)) != len(names):
         raise UsageError(f"policy listed twice in {args.policy!r}")
     overrides: dict[str, dict[str, str]] = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        policy, dot, option = key.partition(".")
-        if not (eq and dot and option):
-            raise UsageError(f"--set {item!r}: write POLICY.OPTION=VALUE, e.g. bytescheduler.credit_bytes=8MiB")
-        if policy not in names:
-            raise UsageError(f"--set {item!r}: policy {policy!r} is not in --policy {args.policy}")
-        overrides.setdefault(policy, {})[option.strip()] = value.strip()
+    for policy, option, value in parse_sets(args.set, names):
+        overrides.setdefault(policy, {})[option] = value
     return [policy_config(name, **overrides.get(name, {})) for name in names]
 
 
 def _clusters(args: argparse.Namespace) -> list[Cluster]:
-    if args.sweep_bandwidth and args.bandwidth:
-        raise UsageError("use either --bandwidth or --sweep-bandwidth, not both")
-    texts = _split(args.sweep_bandwidth) if args.sweep_bandwidth else [args.bandwidth or "10Gbit"]
-    bandwidths = [parse_bandwidth(t) for t in texts]
+    rates = bandwidths(args.bandwidth, args.sweep_bandwidth, "10Gbit")
     latency = parse_duration(args.latency)
     if args.servers and args.arch != "ps":
         raise UsageError("--servers needs --arch ps")
-    return [Cluster(args.workers, b, latency, args.arch, args.servers) for b in bandwidths]
+    return [Cluster(args.workers, b, latency, args.arch, args.servers) for b in rates]
 
 
 def _writable(path: str | None, flag: str) -> None:
@@ -212,11 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":
             from .bench.cli import cmd_bench
 
-            return cmd_bench(args, UsageError)
+            return cmd_bench(args)
         if args.command == "tune":
             from .tune.cli import cmd_tune
 
-            return cmd_tune(args, UsageError, _table, lambda a: _clusters(
+            return cmd_tune(args, _table, lambda a: _clusters(
                 argparse.Namespace(**{**vars(a), "sweep_bandwidth": None}))[0])
         handler = {"simulate": cmd_simulate, "profile": cmd_profile, "models": cmd_models}[args.command]
         return handler(args)

@@ -36,7 +36,7 @@ if opt is not None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     opt.synchronize()
-    stats = opt.stats
+    stats = opt.stats.as_dict()
     report = {"autotune": stats["autotune"], "switches": stats["switches"], "plan_policy": stats["plan_policy"],
               "checksum": [float(p.double().sum()) for p in model.parameters()]}
     opt.close()

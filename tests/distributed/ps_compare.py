@@ -45,8 +45,8 @@ def main() -> None:
             train(model, opt, None, data)
             opt.synchronize()
             stats = opt.stats
-            report[f"{policy}/{kind}"] = {**against(model, reference, initial), "rounds": stats["rounds"],
-                                          "plans_adopted": stats["plans_adopted"], "plan_policy": stats["plan_policy"]}
+            report[f"{policy}/{kind}"] = {**against(model, reference, initial), "rounds": stats.rounds,
+                                          "plans_adopted": stats.plans_adopted, "plan_policy": stats.plan_policy}
             opt.close()
     gathered = [None] * world
     dist.all_gather_object(gathered, report)

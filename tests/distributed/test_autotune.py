@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gradsched.control import ArmsExperiment, arm_kinds
 from gradsched.tune import Tuner, default_space
 from launch import run_ranks
 
@@ -33,28 +34,20 @@ def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, s
     history = tuning["history"]
     assert len(history) == 6 and history[0]["default"]
     assert history[0]["options"] == {"partition_bytes": 4096, "credit_bytes": 16384}  # the user's options first
-    # the seeded tuner, told the same times offline, proposes the same candidates: the first
-    # four from its start-up phase, the last two from its Gaussian-process model
+    # the experiment rank 0 ran, re-run here with the seeded tuner and the measured times:
+    # the same candidates (the first four from the tuner's start-up phase, the last two from
+    # its Gaussian-process model), the same confirming arm and the same decision
     space = default_space("bytescheduler", {"partition_bytes": "1KiB:64KiB", "credit_bytes": "4KiB:256KiB"})
     tuner = Tuner(space, seed=7, start={"partition_bytes": 4096, "credit_bytes": 16384})
-    expected = []
-    for h in history:
-        candidate = tuner.ask()
-        expected.append(candidate.options)
-        tuner.tell(candidate, h["iteration_s"])
-    assert [h["options"] for h in history] == expected
-    # the kept options: the starting ones unless the confirmed candidate (measured twice:
-    # its arm and the confirming one) beat them by 2% on the mean of its arms
+    experiment = ArmsExperiment(arm_kinds(fallback=False, autotune_trials=6), tuner.default_options, 0.02, tuner)
     confirm = tuning["confirm"]
-    assert confirm is not None and confirm["options"] in [h["options"] for h in history]
-    times: dict[str, list[float]] = {}
-    for h in history:
-        times.setdefault(json.dumps(h["options"], sort_keys=True), []).append(h["iteration_s"])
-    times[json.dumps(confirm["options"], sort_keys=True)].append(confirm["iteration_s"])
-    means = {k: sum(v) / len(v) for k, v in times.items()}
-    start = json.dumps(history[0]["options"], sort_keys=True)
-    confirmed = json.dumps(confirm["options"], sort_keys=True)
-    kept = confirmed if means[confirmed] < means[start] * 0.98 else start
-    assert json.dumps(tuning["best_options"], sort_keys=True) == kept
-    assert tuning["best_s"] == pytest.approx(means[kept]) and tuning["default_s"] == pytest.approx(means[start])
+    measured = [h["iteration_s"] for h in history] + [confirm["iteration_s"]]
+    for k, seconds in enumerate(measured):
+        arm = experiment.ask()
+        assert arm.options == (history[k]["options"] if k < len(history) else confirm["options"])
+        experiment.tell(arm, [seconds], plan=k)
+    decision = experiment.decide()
+    assert tuning["best_options"] == decision.options == decision.tuning.best_options
+    assert tuning["best_s"] == pytest.approx(decision.tuning.best_s)
+    assert tuning["default_s"] == pytest.approx(decision.tuning.default_s)
     assert tuning["best_s"] <= tuning["default_s"]

@@ -142,11 +142,10 @@ def main() -> None:
             measured = against(model, reference, initial)
             if args.no_ddp:
                 measured["max_abs_diff"] = None
-            stats = opt.stats
+            stats = opt.stats.as_dict()
             opt.close()
-            report[f"{policy}/{kind}"] = {**measured, "plans_adopted": stats["plans_adopted"],
-                                          "rounds": stats["rounds"], "plan_policy": stats["plan_policy"],
-                                          "prediction": stats["prediction"], "trial": stats["trial"]}
+            report[f"{policy}/{kind}"] = {**measured, **{k: stats[k] for k in ("plans_adopted", "rounds", "plan_policy",
+                                                                               "prediction", "trial")}}
     # every rank must hold identical parameters too
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)

@@ -8,8 +8,9 @@ import torch
 
 from gradsched.core import TensorSpec, policy_config
 from gradsched.runtime import GradschedError
-from gradsched.runtime.ps import buffer_layout, chunks, message_tag, roles
-from gradsched.sim.plan import default_ready_times, make_plan
+from gradsched.runtime.ps import buffer_layout, chunks, message_tag
+from gradsched.runtime.topology import roles
+from gradsched.sim import default_ready_times, make_plan
 
 
 def tensors(sizes):
@@ -18,6 +19,7 @@ def tensors(sizes):
 
 def test_roles_put_servers_last():
     assert roles(5, 2) == ([0, 1, 2], [3, 4])
+    assert roles(3, 0) == ([0, 1, 2], [])  # all-reduce: every rank a worker
     with pytest.raises(GradschedError, match="cannot hold 2 servers"):
         roles(2, 2)
 

@@ -62,7 +62,7 @@ def test_updates_equal_plain_training(world_of_one, policy, kind):
     wrapped.synchronize()
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert wrapped.stats["rounds"] == 7 and wrapped.stats["plans_adopted"] >= 2
+    assert wrapped.stats.rounds == 7 and wrapped.stats.plans_adopted >= 2
     wrapped.close()
 
 

@@ -7,7 +7,8 @@ import json
 import signal
 import sys
 
-from ..units import parse_bandwidth, parse_duration
+from ..cli_args import UsageError, bandwidths, parse_sets, split_list
+from ..units import parse_duration
 from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
 from .workloads import REAL, REPLAY
 
@@ -49,35 +50,24 @@ def add_parser(sub) -> None:
     bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
 
 
-def config_from(args: argparse.Namespace, usage_error) -> BenchConfig:
+def config_from(args: argparse.Namespace) -> BenchConfig:
     if args.arch == "ps" and args.policy == DEFAULT_POLICIES:
         args.policy = DEFAULT_POLICIES.replace("ddp,", "")
-    if args.sweep_bandwidth and args.bandwidth:
-        raise usage_error("use either --bandwidth or --sweep-bandwidth, not both")
-    texts = args.sweep_bandwidth.split(",") if args.sweep_bandwidth else [args.bandwidth or "5Gbit"]
-    if not all(t.strip() for t in texts):
-        raise usage_error(f"empty item in --sweep-bandwidth {args.sweep_bandwidth!r}")
-    policies = tuple(p.strip() for p in args.policy.split(","))
-    if len(set(policies)) != len(policies) or not all(policies):
-        raise usage_error(f"each policy once, no empty items: {args.policy!r}")
-    options = []
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        policy, dot, option = key.partition(".")
-        if not (eq and dot and option):
-            raise usage_error(f"--set {item!r}: write POLICY.OPTION=VALUE, e.g. prophet.fuse_bytes=8MiB")
-        options.append((policy.strip(), option.strip(), value.strip()))
+    rates = bandwidths(args.bandwidth, args.sweep_bandwidth, "5Gbit")
+    policies = tuple(split_list(args.policy, "--policy"))
+    if len(set(policies)) != len(policies):
+        raise UsageError(f"policy listed twice in {args.policy!r}")
     return BenchConfig(
-        model=args.model, workers=args.workers, bandwidths_bps=tuple(parse_bandwidth(t) for t in texts),
+        model=args.model, workers=args.workers, bandwidths_bps=tuple(rates),
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
-        loopback=args.loopback, fallback=not args.no_fallback, options=tuple(options), arch=args.arch,
+        loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
         servers=args.servers, autotune_trials=args.autotune,
     )
 
 
-def cmd_bench(args: argparse.Namespace, usage_error) -> int:
-    config = config_from(args, usage_error)
+def cmd_bench(args: argparse.Namespace) -> int:
+    config = config_from(args)
     # a plain `kill` must clean up the namespaces too: turn SIGTERM into an exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.trace_dir:

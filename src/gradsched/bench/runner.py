@@ -22,9 +22,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..core import policy_config
-from ..models.table import Layer, ModelTable
-from ..sim import Cluster, simulate
+from ..core import MeasuredLink, policy_config
+from ..core.base import PolicyConfig
+from ..sim import link_cluster, predict, scaled
 from ..units import format_bytes
 from .netns import EmulatedCluster, available
 from .protocol import MARK
@@ -195,26 +195,19 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
             log.close()
 
 
-def link_rate(gradient_bytes: int, ring_s: float, workers: int) -> float:
-    """Bits per second of each link direction, from the communication-only time: a ring
-    all-reduce moves 2(n-1)/n of the payload through each worker's link each way."""
-    return 8.0 * gradient_bytes * 2 * (workers - 1) / workers / ring_s
-
-
 def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:
     compute = statistics.median(raw["compute"])
     ring = statistics.median(raw["comm"])
-    rate = link_rate(raw["gradient_bytes"], ring, config.workers)
+    # the link as measured: latency and per-message overhead from tiny messages, and the
+    # cost per byte from the communication-only time (a ring all-reduce among the workers)
+    link = MeasuredLink(raw["latency"], raw["overhead"], ring / raw["gradient_bytes"])
+    cluster = link_cluster(link, config.workers, config.servers if config.arch == "ps" else 0)
     # with parameter servers every byte is pushed once and pulled once, each server link
     # carrying max(1, W/S) of a worker's share: the same bound as the simulator's
-    comm = ring if config.arch == "allreduce" else (
-        raw["gradient_bytes"] * 8.0 * max(1.0, config.workers / config.servers) / rate)
+    comm = ring if config.arch == "allreduce" else cluster.comm_time(raw["gradient_bytes"])
     setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"])
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
-    if config.arch == "ps":
-        reference = medians.get("fifo")
-    else:
-        reference = medians.get("ddp") or medians.get("ddp-tuned")
+    reference = medians.get("fifo") if config.arch == "ps" else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)
     for policy, result in raw["policies"].items():
         row = {
@@ -229,34 +222,23 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             **{k: v for k, v in result.items() if k != "times"},
         }
         if work.table is not None and policy not in BASELINES:  # predict what actually ran
-            base = policy.partition("+")[0]
-            ran = result.get("plan") or base
-            options = config.policy_options(ran) if ran == base else {}
-            tuned = (result.get("autotune") or {}).get("best_options")
-            if tuned and ran == base:
-                options = {**options, **tuned}
-            row["predicted_s"] = predict(work.table, policy_config(ran, **options), config.workers, rate, compute,
-                                         raw["latency"], raw["overhead"], config.servers if config.arch == "ps" else 0)
+            # the layers' times scaled so that compute matches the compute-only time (which
+            # includes the optimizer step the table lacks): the prediction tests scheduling,
+            # not the tc rate or the device preset
+            row["predicted_s"] = predict(scaled(work.table, compute), cluster, _ran(config, policy, result))
         setting.rows.append(row)
     return setting
 
 
-def predict(table, config, workers: int, bandwidth_bps: float, compute_s: float, latency_s: float,
-            overhead_s: float, servers: int = 0) -> float:
-    """The simulator's iteration time for policy ``config`` in the setting as measured: the
-    link rate from the communication-only time, latency from one tiny all-reduce at a time,
-    per-message overhead from many in flight, and the layers' times scaled so that compute
-    matches the compute-only time (which includes the optimizer step the table lacks). So
-    the prediction tests scheduling, not the tc rate or the device preset. ``servers``:
-    parameter servers (0: ring all-reduce)."""
-    overhead = min(overhead_s, latency_s)
-    cluster = Cluster(workers, bandwidth_bps=bandwidth_bps, latency_s=max(0.0, latency_s - overhead),
-                      overhead_s=overhead, arch="ps" if servers else "allreduce", servers=servers)
-    scale = compute_s / table.compute_s if table.compute_s > 0 else 1.0
-    scaled = ModelTable(table.name, tuple(Layer(l.name, l.forward_s * scale, l.backward_s * scale, l.params)
-                                          for l in table.layers), table.meta)
-    iterations = config.build().warmup_iterations + 6
-    return simulate(scaled, cluster, config, iterations=iterations, record=False).iteration_s
+def _ran(config: BenchConfig, policy: str, result: dict) -> PolicyConfig:
+    """The policy configuration the run ended on (fifo after losing its trial; tuned options)."""
+    base = policy.partition("+")[0]
+    ran = result.get("plan") or base
+    options = config.policy_options(ran) if ran == base else {}
+    tuned = (result.get("autotune") or {}).get("best_options")
+    if tuned and ran == base:
+        options = {**options, **tuned}
+    return policy_config(ran, **options)
 
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None,

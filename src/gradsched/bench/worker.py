@@ -23,6 +23,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
 import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
+from gradsched.core.policies.fifo import assign_buckets
+from gradsched.runtime.plans import tensor_specs
+from gradsched.runtime.probe import probe_link
 
 from .protocol import MARK
 from .workloads import workload
@@ -59,106 +62,100 @@ def _stepper(model, optimizer, load, loss_fn):
     return step
 
 
-def run(config: dict) -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    servers = config.get("servers", 0) if config.get("arch") == "ps" else 0
-    workers = world - servers
-    group = dist.new_group(list(range(workers))) if servers else None  # every rank creates it
-    ps_options = {"architecture": "ps", "servers": servers, "exit_server": False} if servers else {}
-    work = workload(config["model"], config["batch"], config["device"])
-    generator = torch.Generator().manual_seed(1 + rank)
-    load = lambda: work.batch(generator)  # noqa: E731
-    iters, warmup = config["iters"], config["warmup"]
-    results: dict[str, dict] = {}
+class _Rank:
+    """One rank's measurements, each on a freshly built, identically seeded model."""
 
-    def fresh():
+    def __init__(self, config: dict) -> None:
+        self.config = config
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.servers = config.get("servers", 0) if config.get("arch") == "ps" else 0
+        self.workers = world - self.servers
+        self.group = dist.new_group(list(range(self.workers))) if self.servers else None  # every rank creates it
+        self.work = workload(config["model"], config["batch"], config["device"])
+        generator = torch.Generator().manual_seed(1 + self.rank)
+        self.load = lambda: self.work.batch(generator)
+        self.iters, self.warmup = config["iters"], config["warmup"]
+
+    def fresh(self):
         torch.manual_seed(0)
-        model = work.build()
+        model = self.work.build()
         return model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
+    def step(self, model, opt):
+        return _stepper(model, opt, self.load, self.work.loss)
+
+    def ddp(self, policy: str) -> dict:
+        """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured."""
+        caps = DDP_TUNED_CAPS_MB if policy == "ddp-tuned" else (25,)
+        best = None
+        for cap in caps:
+            model, opt = self.fresh()
+            times = _time(self.step(DDP(model, bucket_cap_mb=cap), opt),
+                          self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
+            if best is None or statistics.median(times) < best[0]:
+                best = (statistics.median(times), cap, times)
+        if len(caps) > 1:  # re-measure the winner over the full count
+            model, opt = self.fresh()
+            best = (0.0, best[1], _time(self.step(DDP(model, bucket_cap_mb=best[1]), opt), self.iters, 1))
+        return {"times": best[2], "bucket_cap_mb": best[1]}
+
+    def gradsched(self, policy: str) -> dict | None:
+        """A gradsched policy (None on a parameter server, which only served it)."""
+        config = self.config
+        model, opt = self.fresh()
+        base, _, variant = policy.partition("+")
+        tune = config.get("autotune_trials", 0) if variant == "autotune" else 0
+        trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
+        ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else {}
+        model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config["profile_rounds"],
+                                    fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
+                                    autotune_trials=max(tune, 2), policy_options=config["options"].get(base), **ps)
+        if opt is None:
+            return None
+        # untimed: profiling and the measured arms (the buckets, tuner candidates; see
+        # gradsched.control), then one round on the chosen plan
+        times = _time(self.step(model, opt), self.iters, self.warmup + opt.stats.settled_round, self.group)
+        stats = opt.stats.as_dict()
+        opt.close()
+        return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
+                "trial": stats["trial"], "autotune": stats["autotune"]}
+
+    def baselines(self) -> dict:
+        """Compute only (no communication), communication only (every gradient byte
+        all-reduced among the workers in 25 MiB buckets, as DDP sends it, no compute; with
+        parameter servers the runner turns this into the link's rate), and per-message costs
+        (one tiny all-reduce at a time, and many in flight)."""
+        count = len(self.config["policies"])
+        emit("progress", policy="compute only", index=count, total=count + 2)
+        model, opt = self.fresh()
+        compute = _time(self.step(model, opt), self.iters, self.warmup, self.group)
+        specs = tensor_specs([n for n, _ in model.named_parameters()], list(model.parameters()))
+        emit("progress", policy="communication only", index=count + 1, total=count + 2)
+        by_name = {t.name: t for t in specs}
+        buckets = [torch.zeros(sum(by_name[n].numel for n in bucket))
+                   for bucket in assign_buckets(specs[::-1], 25 << 20, 25 << 20)]
+
+        def communicate() -> None:
+            for work in [dist.all_reduce(b, group=self.group, async_op=True) for b in buckets]:
+                work.wait()
+
+        comm = _time(communicate, max(3, self.iters // 2), 2, self.group)
+        link = probe_link(self.group, large_elements=0, tiny_messages=64, repeats=20)
+        return {"compute": compute, "comm": comm, "gradient_bytes": sum(t.nbytes for t in specs),
+                "world_size": self.workers, "latency": link.alone_s, "overhead": link.pipelined_s}
+
+
+def run(config: dict) -> None:
+    dist.init_process_group("gloo")
+    rank = _Rank(config)
+    results: dict[str, dict] = {}
     for k, policy in enumerate(config["policies"]):
         emit("progress", policy=policy, index=k, total=len(config["policies"]) + 2)
-        detail: dict = {}
-        if policy in ("ddp", "ddp-tuned"):
-            caps = DDP_TUNED_CAPS_MB if policy == "ddp-tuned" else (25,)
-            best = None
-            for cap in caps:
-                model, opt = fresh()
-                ddp = DDP(model, bucket_cap_mb=cap)
-                times = _time(_stepper(ddp, opt, load, work.loss), iters if len(caps) == 1 else max(3, iters // 3),
-                              warmup)
-                median = statistics.median(times)
-                if best is None or median < best[0]:
-                    best = (median, cap, times)
-                del ddp, model, opt
-            if len(caps) > 1:  # re-measure the winner over the full count
-                model, opt = fresh()
-                ddp = DDP(model, bucket_cap_mb=best[1])
-                best = (0.0, best[1], _time(_stepper(ddp, opt, load, work.loss), iters, 1))
-                del ddp, model, opt
-            times, detail = best[2], {"bucket_cap_mb": best[1]}
-        else:
-            model, opt = fresh()
-            base, _, variant = policy.partition("+")
-            tune = config.get("autotune_trials", 0) if variant == "autotune" else 0
-            trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
-            model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config["profile_rounds"],
-                                        fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS,
-                                        autotune=bool(tune), autotune_trials=max(tune, 2),
-                                        policy_options=config["options"].get(base), **ps_options)
-            if opt is None:  # a parameter server: it served this policy's run
-                continue
-            # untimed: profiling and the measured arms (the buckets, tuner candidates; see
-            # gradsched.runtime.planning), then one round on the chosen plan
-            settle = opt.stats["settled_round"]
-            times = _time(_stepper(model, opt, load, work.loss), iters, warmup + settle, group)
-            stats = opt.stats
-            detail = {"plan": stats["plan_policy"], "prediction": stats["prediction"], "trial": stats["trial"],
-                      "autotune": stats["autotune"]}
-            opt.close()
-            del model, opt
-        results[policy] = {"times": times, **detail}
-
-    if rank >= workers:  # a parameter server: nothing more to serve
-        dist.destroy_process_group()
-        return
-
-    # compute only: the same iterations, no communication at all
-    emit("progress", policy="compute only", index=len(config["policies"]), total=len(config["policies"]) + 2)
-    model, opt = fresh()
-    compute = _time(_stepper(model, opt, load, work.loss), iters, warmup, group)
-    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    sizes = [p.numel() for p in model.parameters()][::-1]
-    del model, opt
-
-    emit("progress", policy="communication only", index=len(config["policies"]) + 1,
-         total=len(config["policies"]) + 2)
-    # every gradient byte all-reduced among the workers in 25 MiB buckets, as DDP sends it
-    # (with parameter servers the runner turns this into the link's rate)
-    buckets, current = [], 0
-    for n in sizes:
-        current += n
-        if current * 4 >= 25 << 20:
-            buckets.append(torch.zeros(current))
-            current = 0
-    if current:
-        buckets.append(torch.zeros(current))
-
-    def communicate() -> None:
-        for work_ in [dist.all_reduce(b, group=group, async_op=True) for b in buckets]:
-            work_.wait()
-
-    comm = _time(communicate, max(3, iters // 2), 2, group)
-
-    # per-message costs: one tiny all-reduce at a time (latency), then many in flight at
-    # once (the serial cost per message that pipelining does not hide)
-    tiny = [torch.zeros(16) for _ in range(64)]
-    latency = _time(lambda: dist.all_reduce(tiny[0], group=group), 20, 3, group)
-    pipelined = _time(lambda: [w.wait() for w in [dist.all_reduce(t, group=group, async_op=True) for t in tiny]],
-                      5, 1, group)
-    emit("result", policies=results, compute=compute, comm=comm, gradient_bytes=gradient_bytes,
-         world_size=workers, latency=statistics.median(latency), overhead=statistics.median(pipelined) / len(tiny))
+        result = rank.ddp(policy) if policy in ("ddp", "ddp-tuned") else rank.gradsched(policy)
+        if result is not None:
+            results[policy] = result
+    if rank.rank < rank.workers:  # parameter servers have nothing more to serve
+        emit("result", policies=results, **rank.baselines())
     dist.destroy_process_group()
 
 

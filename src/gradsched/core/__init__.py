@@ -2,7 +2,7 @@
 
 from .base import FlowControl, Ordering, Partitioner, Policy, PolicyConfig
 from .engine import Decision, Scheduler, SchedulerError
-from .estimator import LinkEstimator
+from .estimator import LinkEstimator, MeasuredLink
 from .policies import POLICIES, policy_config
 from .stages import Stage, StagePlan, detect_stages
 from .task import CommTask, Message, TaskState, TensorSpec
@@ -12,6 +12,7 @@ __all__ = [
     "Decision",
     "FlowControl",
     "LinkEstimator",
+    "MeasuredLink",
     "Message",
     "Ordering",
     "POLICIES",

@@ -25,6 +25,8 @@ all-reduce) and callers never need to know it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class _LineFit:
     """Weighted least squares of d = a + b * x with forgetting factor ``decay``.
@@ -120,6 +122,30 @@ class LinkEstimator:
         else:  # only isolated messages so far: the best guess of throughput is theirs
             self.latency, self.isolated_per_byte = self._isolated.solve()
             self.per_message, self.seconds_per_byte = 0.0, self.isolated_per_byte
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """A link as probed with real messages among the workers, nothing else in flight.
+
+    >>> link = MeasuredLink(alone_s=1e-4, pipelined_s=2e-5, seconds_per_byte=1e-9)
+    >>> link.latency_s, link.overhead_s
+    (8e-05, 2e-05)
+    """
+
+    alone_s: float  # one tiny message at a time: launch to result
+    pipelined_s: float  # per tiny message with many in flight: the serial cost pipelining does not hide
+    seconds_per_byte: float  # per byte of payload of a large all-reduce among the workers (0: not measured)
+
+    @property
+    def overhead_s(self) -> float:
+        """Per-message cost that pipelining does not hide (never above a lone message's)."""
+        return min(self.pipelined_s, self.alone_s)
+
+    @property
+    def latency_s(self) -> float:
+        """The rest of a lone message's time: what a window of messages overlaps."""
+        return max(0.0, self.alone_s - self.overhead_s)
 
 
 class CompletionTimer:

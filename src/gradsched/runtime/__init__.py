@@ -1,8 +1,9 @@
-"""The PyTorch runtime: ``gradsched.wrap`` over torch.distributed all-reduce."""
+"""The PyTorch runtime: ``gradsched.wrap`` over torch.distributed all-reduce or parameter servers."""
 
 from .config import RuntimeConfig
 from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
+from .stats import Prediction, RunStats
 from .wrap import wrap
 
-__all__ = ["GradschedError", "RuntimeConfig", "ScheduledOptimizer", "wrap"]
+__all__ = ["GradschedError", "Prediction", "RunStats", "RuntimeConfig", "ScheduledOptimizer", "wrap"]

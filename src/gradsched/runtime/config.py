@@ -1,54 +1,106 @@
-"""Validated configuration of a wrapped model (everything but the policy's own options)."""
+"""The options of ``gradsched.wrap`` (all but the policy and its own options), documented
+and validated here, once.
+
+>>> RuntimeConfig.from_options({"replan_every": 20}).replan_every
+20
+>>> RuntimeConfig.from_options({"replan_evry": 20})
+Traceback (most recent call last):
+...
+TypeError: gradsched.wrap() got an unknown option 'replan_evry' (did you mean 'replan_every'?)
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass
-    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before each forward, as DDP
-    broadcast_parameters: bool = False  # at wrap, copy rank 0's parameters instead of requiring equal ones
-    profile_rounds: int = 3  # backward passes timed (after the first) before the first measured plan
+    # -- what is communicated (as DDP's options of the same names) --
+    find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: costs one small
+    #   collective per backward pass; a parameter unused on every rank keeps grad=None and is not updated
+    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before every forward pass
+    broadcast_parameters: bool = False  # at wrap time, copy rank 0's parameters instead of requiring equal ones
+
+    # -- plans --
+    profile_rounds: int = 3  # backward passes measured (after the first) before the first measured plan
     replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
-    timeout_s: float = 300.0  # give up on a stuck or dead rank after this long
-    fallback: bool = True  # use DDP-style buckets when the policy is not predicted to beat them
-    fallback_gain: float = 0.02  # ... by at least this fraction of the iteration time
-    trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates)
-    autotune: bool = False  # tune the policy's options online (see gradsched.runtime.planning)
+    fallback: bool = True  # measure the policy against DDP-style buckets (fifo) at the first control point and
+    #   keep the buckets unless the policy is faster by fallback_gain: never meaningfully slower than DDP
+    fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another
+    trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates); the first and last
+    #   of each arm are not counted
+
+    # -- online tuning (docs/tuning.md) --
+    autotune: bool = False  # tune the policy's options (partition and credit sizes; Prophet's stage threshold)
+    #   online by Bayesian optimisation: rank 0 proposes autotune_trials candidates (the starting options
+    #   first), every rank switches at the same step, each is measured for trial_rounds backward passes, the
+    #   fastest once more, and it is kept if the mean of its measurements beat the starting options by
+    #   fallback_gain; optimizer.stats.autotune holds the history
     autotune_trials: int = 10  # measured candidates, the starting options first
-    autotune_seed: int = 0
-    autotune_space: dict | None = None  # option -> "LOW:HIGH" (gradsched.tune.default_space)
-    trace: str | None = None  # write a Chrome trace of this rank's run here (".rank{N}" is added)
-    architecture: str = "allreduce"  # or "ps": the last ``servers`` ranks are parameter servers
-    servers: int = 0  # ps only
+    autotune_seed: int = 0  # seed of the tuner's sampler
+    autotune_space: dict | None = None  # search ranges, option -> "LOW:HIGH" (e.g. {"partition_bytes":
+    #   "256KiB:8MiB"}), replacing gradsched.tune.default_space's; without it sizes stay within 8x of the start
+
+    # -- roles (docs/runtime.md, "Parameter servers") --
+    architecture: str = "allreduce"  # or "ps": the last `servers` ranks are parameter servers; on a server rank
+    #   wrap() serves until the workers close their optimizers, destroys the process group and exits (status 0)
+    servers: int = 0  # parameter servers (architecture="ps" only)
+    exit_server: bool = True  # False: a server rank returns (model, None) once the workers are done instead of
+    #   ending the process (to serve several wraps in turn)
+
+    # -- failures and diagnostics --
+    timeout: float = 300.0  # seconds after which a stuck or dead rank makes the others fail
+    trace: str | None = None  # write a Chrome trace of this rank here (".rank{N}" is inserted) at close()
 
     def __post_init__(self) -> None:
-        if self.profile_rounds < 1:
-            raise ValueError(f"profile_rounds must be >= 1, got {self.profile_rounds}")
-        if self.replan_every < 0:
-            raise ValueError(f"replan_every must be >= 0 (0: never), got {self.replan_every}")
-        if self.trial_rounds < 3:
-            raise ValueError(f"trial_rounds must be >= 3 (the first and last round of an arm are not measured), "
-                             f"got {self.trial_rounds}")
-        if self.autotune_trials < 2:
-            raise ValueError(f"autotune_trials must be >= 2 (the starting options and a candidate), "
-                             f"got {self.autotune_trials}")
-        if not 0.0 <= self.fallback_gain < 1.0:
-            raise ValueError(f"fallback_gain must be in [0, 1), got {self.fallback_gain}")
-        if self.architecture not in ("allreduce", "ps"):
-            raise ValueError(f"architecture must be 'allreduce' or 'ps', got {self.architecture!r}")
-        if self.architecture == "ps" and self.servers < 1:
-            raise ValueError(f"architecture='ps' needs servers >= 1, got {self.servers}")
-        if self.architecture == "allreduce" and self.servers:
-            raise ValueError("servers only apply to architecture='ps'")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        self._check_types()
+        checks = [
+            (self.profile_rounds >= 1, f"profile_rounds must be >= 1, got {self.profile_rounds}"),
+            (self.replan_every >= 0, f"replan_every must be >= 0 (0: never), got {self.replan_every}"),
+            (self.trial_rounds >= 3, "trial_rounds must be >= 3 (the first and last round of an arm are not "
+                                     f"measured), got {self.trial_rounds}"),
+            (self.autotune_trials >= 2, "autotune_trials must be >= 2 (the starting options and a candidate), "
+                                        f"got {self.autotune_trials}"),
+            (0.0 <= self.fallback_gain < 1.0, f"fallback_gain must be in [0, 1), got {self.fallback_gain}"),
+            (self.architecture in ("allreduce", "ps"),
+             f"architecture must be 'allreduce' or 'ps', got {self.architecture!r}"),
+            (self.architecture != "ps" or self.servers >= 1, f"architecture='ps' needs servers >= 1, got {self.servers}"),
+            (self.architecture != "allreduce" or not self.servers, "servers only apply to architecture='ps'"),
+            (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kinds = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "str | None": (str,),
+                     "dict | None": (dict,)}[f.type]
+            if value is None and f.type.endswith("None"):
+                continue
+            if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+                raise TypeError(f"gradsched.wrap: {f.name} must be {f.type}, got {value!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
+        """The configuration from ``wrap``'s keyword arguments; unknown names raise."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name in options:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else f"; options: {', '.join(known)}"
+                raise TypeError(f"gradsched.wrap() got an unknown option {name!r}{hint}")
+        return cls(**options)
 
     def fingerprint(self) -> dict:
-        """What must be equal on every rank (the trace path may differ)."""
+        """What must be equal on every rank (where the trace goes and what a server does
+        at the end may differ)."""
         data = dataclasses.asdict(self)
         data.pop("trace")
+        data.pop("exit_server")
         return data

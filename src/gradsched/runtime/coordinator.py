@@ -22,15 +22,17 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.base import PolicyConfig
-from ..core.task import TensorSpec
-from ..sim.plan import default_ready_times, make_plan
 from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
 from .exchange import Exchange
-from .planning import Planner
+from .planning import Planner, initial_plan
+from .plans import PlanVersions, tensor_specs
 from .profiling import RoundTiming
+from .ps import PushPull
+from .stats import RunStats
+from .topology import Topology
 from .tracing import RunTrace
-from .transport import Transport
+from .transport import AllReduce, Transport
 from .updates import DeferredUpdates, clear_grad
 
 
@@ -43,10 +45,7 @@ class Coordinator:
         params: Sequence[nn.Parameter],
         policy: PolicyConfig,
         config: RuntimeConfig,
-        groups: dict[str, dist.ProcessGroup],
-        rank: int,
-        world_size: int,
-        transport: Transport | None = None,
+        topology: Topology,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -54,20 +53,15 @@ class Coordinator:
         self.params = list(params)
         self.policy = policy
         self.config = config
-        self.groups = groups
-        self.rank = rank
-        self.world_size = world_size
+        self.topology = topology
+        self.rank = topology.rank
+        self.world_size = topology.num_workers
         self.index = {id(p): i for i, p in enumerate(self.params)}
-        self.tensors = [
-            TensorSpec(name, p.numel(), layer=i, priority=i, element_size=p.element_size())
-            for i, (name, p) in enumerate(zip(self.names, self.params))
-        ]
-        self.trace = RunTrace(rank) if config.trace else None
-        plan = make_plan(self.tensors, default_ready_times(self.tensors), policy, arch=config.architecture)
-        self.exchange = Exchange(
-            self.tensors, self.params, plan, groups["data"], world_size, config.timeout_s,
-            self.trace.on_exchange if self.trace else None, transport,
-        )
+        self.tensors = tensor_specs(self.names, self.params)
+        self.trace = RunTrace(self.rank) if config.trace else None
+        versions = PlanVersions(initial_plan(self.tensors, policy, config.architecture))
+        self.exchange = Exchange(self.tensors, self.params, versions, self._transport(versions), config.timeout,
+                                 self.trace.on_exchange if self.trace else None)
         self.round = 0
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
         self._new_round = True  # the next gradient starts a new round
@@ -88,6 +82,14 @@ class Coordinator:
     @property
     def policy_name(self) -> str:
         return self.policy.name
+
+    def _transport(self, versions: PlanVersions) -> Transport:
+        topology = self.topology
+        if not topology.servers:
+            return AllReduce(topology.group("data"))
+        dtype_of = {n: p.dtype for n, p in zip(self.names, self.params)}
+        return PushPull(topology.group("data"), topology.group("plans"), self.rank, topology.servers,
+                        topology.num_workers, dtype_of, versions)
 
     # -- hooks ----------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -112,7 +114,8 @@ class Coordinator:
                     ancestor = self._parent[ancestor]
         owners = {self._module_name[m]: [self.names[i] for i in idx] for m, idx in self._waits.items()}
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
-                               self.groups["control"], self.rank, self.world_size, self.groups["buffers"],
+                               self.topology.group("control"), self.rank, self.world_size,
+                               self.topology.group("buffers"),
                                settle=lambda: self.exchange.wait_reduced(range(len(self.params)), "all parameters"))
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
         self._handles.append(self.model.register_forward_hook(self._after_root))
@@ -221,7 +224,7 @@ class Coordinator:
             flags[missing] = 1.0
             if self.world_size > 1:
                 with failing_rank("agreeing on unused parameters"):
-                    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.groups["control"])
+                    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.topology.group("control"))
             self._globally_unused = {i for i in missing if flags[i].item() == 1.0}
             for i in missing:
                 p = self.params[i]
@@ -279,16 +282,6 @@ class Coordinator:
         self._close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
 
-    def _release_groups(self) -> None:
-        """Drop every reference to gradsched's process groups. The objects here form cycles
-        (hooks refer back to them), so otherwise the groups would be freed by the garbage
-        collector at some later point, possibly while the interpreter exits, and a
-        backend torn down then can abort the process."""
-        self.groups = {}
-        self.exchange.group = None
-        self.exchange.transport = None
-        self.planner.group = self.planner.probe_group = None
-
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         self._no_sync += 1
@@ -298,23 +291,13 @@ class Coordinator:
             self._no_sync -= 1
 
     # -- reporting and teardown ------------------------------------------------------------
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RunStats:
         plan = self.exchange.plan_for(self.round + 1)
         est = self.exchange.estimator
-        return {
-            "policy": self.policy.name,
-            "rounds": self.round,
-            "plan_messages": len(plan.messages),
-            "plans_adopted": self.exchange.plans_adopted,
-            "link_latency_s": est.latency,
-            "link_bytes_per_s": est.bytes_per_second,
-            "plan_policy": plan.policy,
-            "prediction": self.planner.prediction,
-            "trial": self.planner.trial,
-            "autotune": self.planner.tuning,
-            "switches": list(self.planner.switches),
-            "settled_round": self.planner.settled_round,
-        }
+        planner = self.planner
+        return RunStats(self.policy.name, self.round, len(plan.messages), self.exchange.plans_adopted, est.latency,
+                        est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction, planner.trial,
+                        planner.tuning, list(planner.switches))
 
     def _broadcast_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b is not None]
@@ -325,7 +308,7 @@ class Coordinator:
             group = by_dtype[dtype]
             flat = torch.cat([b.detach().reshape(-1) for b in group])
             with failing_rank("broadcasting buffers"):
-                dist.broadcast(flat, src=0, group=self.groups["buffers"])
+                dist.broadcast(flat, src=0, group=self.topology.group("buffers"))
             offset = 0
             with torch.no_grad():
                 for b in group:
@@ -349,7 +332,8 @@ class Coordinator:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
-            self.exchange.close(wait=wait)
-            self._release_groups()
+            self.exchange.close(wait=wait)  # every object lets go of the groups it used
+            self.planner.close()
+            self.topology.release()
             if self.trace:
                 self.trace.save(self.config.trace)

@@ -21,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .coordinator import Coordinator
+    from .stats import RunStats
 
 
 class ScheduledOptimizer(torch.optim.Optimizer):
@@ -117,6 +118,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return f"ScheduledOptimizer({self._coordinator.policy_name}, {self._inner!r})"
 
     @property
-    def stats(self) -> dict[str, Any]:
-        """Rounds, the plan in use, and the measured link."""
+    def stats(self) -> RunStats:
+        """Rounds, the plan in use, the measured link, and what the measured trial and the
+        online tuner found (:class:`gradsched.runtime.RunStats`)."""
         return self._coordinator.stats()

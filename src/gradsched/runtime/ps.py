@@ -1,7 +1,7 @@
-"""Parameter-server architecture: roles, how messages are spread over servers, the wire
-format, and the worker's side (push a message to the servers, pull the sum back).
+"""Parameter-server architecture: how messages are spread over servers, the wire format, and
+the worker's side (push a message to the servers, pull the sum back).
 
-Roles. A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
+Roles (assigned in :mod:`gradsched.runtime.topology`). A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
 ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
 ``gradsched.wrap`` on a server rank runs the server loop and exits the process when the
 workers finish (see :mod:`gradsched.runtime.server`).
@@ -17,8 +17,8 @@ travels with tag ``1 + 16 k + j``, both ways, between a worker and server ``s``.
 transfers are point-to-point and keyed by tag, no ordering between workers is needed:
 each worker pushes in its own time.
 
-Rounds. At the start of each round a worker sends every server a header ``(round, plan
-version)``; the servers answer a round only once every worker announced it, with the same
+Rounds. With the first message of each round a worker sends every server a header
+``(round, plan version)``; the servers answer a round only once every worker announced it, with the same
 plan, so a server never mixes rounds. A header of ``(-1, 0)`` says the worker is done.
 
 Plans travel to servers as pickled bytes (a size, then the payload) on a separate gloo
@@ -35,8 +35,10 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..sim.plan import Plan, PlannedMessage
+from ..core.plan import Plan, PlannedMessage
 from .errors import GradschedError
+from .plans import Adopted, PlanVersions
+from .transport import MessageKey, Reduced
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -45,19 +47,6 @@ STOP = (-1, 0)
 
 def message_tag(k: int, j: int) -> int:
     return 1 + MAX_DTYPES * k + j
-
-
-def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
-    """(worker ranks, server ranks) of a job of ``world_size`` processes."""
-    if servers < 1:
-        raise ValueError(f"architecture='ps' needs servers >= 1, got {servers}")
-    if world_size <= servers:
-        raise GradschedError(
-            f"gradsched.wrap: {world_size} processes cannot hold {servers} servers and at least one worker; "
-            f"launch workers + servers processes (e.g. torchrun --nproc_per_node {servers + 2} for 2 workers)"
-        )
-    workers = world_size - servers
-    return list(range(workers)), list(range(workers, world_size))
 
 
 def chunks(numel: int, servers: int) -> list[tuple[int, int]]:
@@ -112,9 +101,10 @@ class Waiter:
         self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
         self._thread.start()
 
-    def track(self, works: Sequence[dist.Work], tag: object = None) -> torch.futures.Future:
+    def track(self, works: Sequence[dist.Work], tag: object = None, result: object = None) -> torch.futures.Future:
+        """A future completed with ``result`` once every one of ``works`` completed."""
         future: torch.futures.Future = torch.futures.Future()
-        self._queue.put((list(works), future, tag))
+        self._queue.put((list(works), future, tag, result))
         return future
 
     def _run(self) -> None:
@@ -122,14 +112,14 @@ class Waiter:
             item = self._queue.get()
             if item is None:
                 return
-            works, future, tag = item
+            works, future, tag, result = item
             try:
                 for work in works:
                     work.wait()
             except Exception as exc:  # noqa: BLE001 - delivered through the future
                 future.set_exception(self._describe(tag, exc) if self._describe else exc)
             else:
-                future.set_result(None)
+                future.set_result(result)
 
     def stop(self, timeout_s: float) -> None:
         """Finish what was queued, then end the thread."""
@@ -138,32 +128,37 @@ class Waiter:
 
 
 class PushPull:
-    """The worker's transport: push each message to its server, pull the sum back.
+    """The worker's transport: push each message to the servers, pull the sum back.
 
-    gloo's point-to-point operations have no futures: a :class:`Waiter` waits for the
-    pulls in launch order (the order every server answers in)."""
+    It follows the plans every worker adopts (rank 0 forwards each one to the servers) and
+    announces each round to the servers with the round's first message. gloo's
+    point-to-point operations have no futures: a :class:`Waiter` waits for the pulls in
+    launch order (the order every server answers in)."""
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
-                 server_ranks: Sequence[int], dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
+                 server_ranks: Sequence[int], workers: int, dtype_of: Mapping[str, torch.dtype],
+                 versions: PlanVersions) -> None:
         self.group = data_group
         self.plans_group = plans_group
         self.rank = rank
         self.servers = list(server_ranks)
+        self.workers = workers
         self.dtype_of = dict(dtype_of)
-        self.timeout_s = timeout_s
+        self._plans: dict[int, Plan] = {}  # version -> plan, for checking what is pushed
+        self._round = 0  # the latest round announced to the servers
         self._held: list = []  # header and plan sends in flight, with their tensors
         self._lock = threading.Lock()  # headers are sent by the launcher, plans by the main thread
         # every server answers messages in plan order, so pulls complete in launch order
         self._waiter = Waiter(lambda k, exc: GradschedError(f"push/pull of message {k} with the servers "
                                                             f"{self.servers} failed: {exc}"))
+        versions.subscribe(self._adopted)
 
-    def announce(self, plan: Plan, version: int) -> None:
+    def _adopted(self, adopted: Adopted) -> None:
+        with self._lock:
+            self._plans[adopted.version] = adopted.plan
         if self.rank == 0:
             for server in self.servers:
-                self._hold(*send_object((version, plan), server, self.plans_group))
-
-    def begin_round(self, round_index: int, version: int) -> None:
-        self._header(round_index, version)
+                self._hold(*send_object((adopted.version, adopted.plan), server, self.plans_group))
 
     def _header(self, round_index: int, version: int) -> None:
         header = torch.tensor([round_index, version], dtype=torch.int64)
@@ -175,30 +170,39 @@ class PushPull:
             self._held = [h for h in self._held if not all(w.is_completed() for w in h[0])]
             self._held.append((works, tensors))
 
-    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
-        layout = buffer_layout(plan.messages[k], self.dtype_of)
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+        if key.round != self._round:  # the round's first message: announce the round first
+            self._round = key.round
+            self._header(key.round, key.version)
+        with self._lock:
+            for old in [v for v in self._plans if v < key.version]:
+                del self._plans[old]
+            message = self._plans[key.version].messages[key.index]
+        layout = buffer_layout(message, self.dtype_of)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
-            raise GradschedError(f"message {k}: buffers {[(b.dtype, b.numel()) for b in buffers]} != layout {layout}")
+            raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
+                                 f"!= layout {layout}")
         works, results = [], []
         for j, buffer in enumerate(buffers):
+            buffer.div_(self.workers)
             result = torch.empty_like(buffer)
             for server, (lo, hi) in zip(self.servers, chunks(buffer.numel(), len(self.servers))):
                 if hi > lo:
-                    tag = message_tag(k, j)
+                    tag = message_tag(key.index, j)
                     works.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
                     works.append(dist.irecv(result[lo:hi], src=server, group=self.group, tag=tag))
             results.append(result)
-        return [self._waiter.track(works, k)], results
+        return self._waiter.track(works, key.index, results)
 
     def close(self, wait: bool) -> None:
         self._waiter.stop(5.0 if wait else 0.5)
-        if not wait:
-            return
-        self._header(*STOP)
-        if self.rank == 0:
-            for server in self.servers:
-                self._hold(*send_object(None, server, self.plans_group))
-        for works, _ in self._held:
-            for work in works:
-                work.wait()
+        if wait:
+            self._header(*STOP)
+            if self.rank == 0:
+                for server in self.servers:
+                    self._hold(*send_object(None, server, self.plans_group))
+            for works, _ in self._held:
+                for work in works:
+                    work.wait()
         self._held.clear()
+        self.group = self.plans_group = None

@@ -14,27 +14,26 @@ parameters: only the buffers of the round it serves.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
-from ..sim.plan import Plan
+from ..core.plan import Plan
 from .errors import GradschedError
 from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag, recv_object
+from .topology import Topology
 
 
 class Server:
-    def __init__(self, rank: int, worker_ranks: Sequence[int], server_ranks: Sequence[int],
-                 dtype_of: Mapping[str, torch.dtype], data_group: dist.ProcessGroup,
-                 plans_group: dist.ProcessGroup, timeout_s: float) -> None:
-        self.rank = rank
-        self.workers = list(worker_ranks)
-        self.servers = list(server_ranks)
-        self.me = self.servers.index(rank)
+    def __init__(self, topology: Topology, dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
+        self.rank = topology.rank
+        self.workers = list(topology.workers)
+        self.servers = list(topology.servers)
+        self.me = self.servers.index(self.rank)
         self.dtype_of = dict(dtype_of)
-        self.group = data_group
-        self.plans_group = plans_group
+        self.group = topology.group("data")
+        self.plans_group = plans_group = topology.group("plans")
         self.timeout = timedelta(seconds=timeout_s)
         self.plans: dict[int, Plan] = {}
         self.rounds = 0
@@ -82,46 +81,61 @@ class Server:
         return posted
 
     def run(self) -> None:
+        """Serve rounds until every worker said it is done, then let go of the groups."""
         headers = self._post_headers()
-        sends: list[tuple[dist.Work, torch.Tensor]] = []
         while True:
-            seen = {}
-            for w, (header, work) in headers.items():
-                self._wait(work, f"waiting for worker rank {w} to start a round")
-                seen[w] = tuple(int(v) for v in header.tolist())
-            if all(v == STOP for v in seen.values()):
+            announced = self._next_round(headers)
+            if announced is None:
                 break
-            if len(set(seen.values())) != 1:
-                raise GradschedError(
-                    f"parameter server rank {self.rank}: workers disagree on the round after round {self.rounds} "
-                    f"(round, plan) by worker: {seen}; every worker must run the same number of backward passes"
-                )
-            round_index, version = next(iter(seen.values()))
-            plan = self._plan(version)
-            received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]] = {}
-            for k, message in enumerate(plan.messages):
-                for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
-                    lo, hi = chunks(total_numel, len(self.servers))[self.me]
-                    numel = hi - lo
-                    if numel == 0:
-                        continue
-                    slots = []
-                    for w in self.workers:
-                        buffer = torch.empty(numel, dtype=dtype)
-                        slots.append((buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j))))
-                    received[(k, j)] = slots
+            round_index, version = announced
+            received = self._post_receives(self._plan(version))
             headers = self._post_headers()  # after this round's receives: the order NCCL would need
-            for (k, j), slots in received.items():
-                total = None
-                for w, (buffer, work) in zip(self.workers, slots):
-                    self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
-                    total = buffer if total is None else total.add_(buffer)
-                    self.bytes_in += buffer.numel() * buffer.element_size()
-                for w in self.workers:
-                    sends.append((dist.isend(total, dst=w, group=self.group, tag=message_tag(k, j)), total))
-            for work, _ in sends:
-                self._wait(work, f"sending round {round_index} back to the workers")
-            sends.clear()
+            self._answer(round_index, received)
             self.rounds += 1
         while not self._plans_done:  # rank 0 ends the plan stream when it closes
             self._receive_plan()
+        self.group = self.plans_group = None
+
+    def _next_round(self, headers: dict[int, tuple[torch.Tensor, dist.Work]]) -> tuple[int, int] | None:
+        """(round, plan version) every worker announced; None once all are done."""
+        seen = {}
+        for w, (header, work) in headers.items():
+            self._wait(work, f"waiting for worker rank {w} to start a round")
+            seen[w] = tuple(int(v) for v in header.tolist())
+        if all(v == STOP for v in seen.values()):
+            return None
+        if len(set(seen.values())) != 1:
+            raise GradschedError(
+                f"parameter server rank {self.rank}: workers disagree on the round after round {self.rounds} "
+                f"(round, plan) by worker: {seen}; every worker must run the same number of backward passes"
+            )
+        return next(iter(seen.values()))
+
+    def _post_receives(self, plan: Plan) -> dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]:
+        """Receives of this server's chunk of every buffer of every message, from every worker."""
+        received = {}
+        for k, message in enumerate(plan.messages):
+            for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
+                lo, hi = chunks(total_numel, len(self.servers))[self.me]
+                if hi == lo:
+                    continue
+                slots = []
+                for w in self.workers:
+                    buffer = torch.empty(hi - lo, dtype=dtype)
+                    slots.append((buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j))))
+                received[(k, j)] = slots
+        return received
+
+    def _answer(self, round_index: int, received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]) -> None:
+        """Sum each chunk over the workers, in worker order and plan order, and send it back."""
+        sends: list[tuple[dist.Work, torch.Tensor]] = []
+        for (k, j), slots in received.items():
+            total = None
+            for w, (buffer, work) in zip(self.workers, slots):
+                self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
+                total = buffer if total is None else total.add_(buffer)
+                self.bytes_in += buffer.numel() * buffer.element_size()
+            for w in self.workers:
+                sends.append((dist.isend(total, dst=w, group=self.group, tag=message_tag(k, j)), total))
+        for work, _ in sends:
+            self._wait(work, f"sending round {round_index} back to the workers")

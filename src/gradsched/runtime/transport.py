@@ -1,57 +1,69 @@
-"""How the exchange reduces one message of a plan: an all-reduce among the workers, or a push
-to a parameter server and a pull of the sum back (:mod:`gradsched.runtime.ps`).
+"""The transport seam: how one message's buffers are averaged over the workers.
 
-A transport gets the message's buffers (gradients already divided by the number of
-workers) and returns futures that complete when the sum is available, together with the
-tensors that will hold it (the buffers themselves for an all-reduce).
+A transport is told *which* message it reduces (a :class:`MessageKey`: the round, the
+version of the plan the round follows, the message's index in it) and gets the message's
+buffers, one per dtype, holding this rank's gradients. It returns a future that completes
+when the averages are available, with the tensors that hold them (the buffers themselves,
+for an in-place all-reduce). Dividing by the number of workers is the transport's job, as
+in DDP's communication hooks, so that a transport that changes what travels (compression,
+say) decides where the division happens.
 
-All-reduce uses the collectives' own futures: they complete in the order the backend
-finishes them (two messages in flight may finish out of launch order, and a credit window
-must learn of the first to finish at once), and on CUDA they order the update after the
-reduction by stream. The callbacks then run on the backend's threads; every one has run
-before ``close()`` returns. (Point-to-point operations have no futures on gloo: see
-:class:`gradsched.runtime.ps.Waiter`.)
+:class:`AllReduce` is the default. Parameter servers have their own
+(:class:`gradsched.runtime.ps.PushPull`); the round headers servers need live in it.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..sim.plan import Plan
+Reduced = torch.futures.Future  # of list[torch.Tensor]: the averages, one per buffer
+
+
+class MessageKey(NamedTuple):
+    round: int  # the backward pass, numbered from 1
+    version: int  # of the plan the round follows (see gradsched.runtime.plans)
+    index: int  # of the message in that plan
 
 
 class Transport(Protocol):
-    def announce(self, plan: Plan, version: int) -> None:
-        """A plan agreed by the workers takes effect (called on every worker, in order)."""
-
-    def begin_round(self, round_index: int, version: int) -> None:
-        """This worker starts launching round ``round_index`` under plan ``version``."""
-
-    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
-        """Launch message ``k``; return completion futures and where each buffer's sum lands."""
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+        """Start averaging ``buffers`` over the workers. Messages arrive in plan order,
+        rounds in order, on one thread."""
 
     def close(self, wait: bool) -> None:
         """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
 
 
+def check_results(future: torch.futures.Future, results: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The value of a future over several operations' futures: ``results``, or the first
+    failure raised."""
+    for inner in future.value():
+        inner.value()
+    return results
+
+
 class AllReduce:
-    """One async all-reduce per buffer on the workers' data group."""
+    """One async all-reduce per buffer on the workers' data group.
+
+    It uses the collectives' own futures: they complete in the order the backend finishes
+    them (two messages in flight may finish out of launch order, and a credit window must
+    learn of the first to finish at once), and on CUDA they order the update after the
+    reduction by stream."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
+        self.size = dist.get_world_size(group)
 
-    def announce(self, plan: Plan, version: int) -> None:
-        pass
-
-    def begin_round(self, round_index: int, version: int) -> None:
-        pass
-
-    def start(self, k: int, plan: Plan, buffers: Sequence[torch.Tensor]) -> tuple[list[torch.futures.Future], list[torch.Tensor]]:
-        works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in buffers]
-        return [w.get_future() for w in works], list(buffers)
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+        results = list(buffers)
+        for buffer in results:
+            buffer.div_(self.size)
+        works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in results]
+        return torch.futures.collect_all([w.get_future() for w in works]).then(
+            lambda future: check_results(future, results))
 
     def close(self, wait: bool) -> None:
-        pass
+        self.group = None

@@ -1,7 +1,8 @@
 """Discrete-event simulation of data-parallel training under a scheduling policy.
 
 The simulator feeds the SAME :class:`~gradsched.core.Scheduler` and policy objects the
-runtime uses, from a heap of timed events instead of autograd hooks:
+runtime plans with, from the event loop (:mod:`gradsched.sim.events`, shared with plan
+making) instead of autograd hooks:
 
 * forward of layer i in iteration k starts when layer i-1's forward ended and, for
   iterations after the first, when the parameters it needs are updated: its own layer's
@@ -27,19 +28,16 @@ runtime uses, from a heap of timed events instead of autograd hooks:
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import Scheduler, policy_config
 from ..core.base import PolicyConfig
-from ..core.task import Message
 from ..models.table import ModelTable
 from .cluster import Cluster, bound
+from .driver import Cause, Driver, Launched
+from .events import Event, EventLoop, Kind
 from .network import Segment, make_network
-
-# Event kinds, in the order simultaneous events are processed.
-_COMPLETE, _READY, _FORWARD, _BACKWARD = range(4)
 
 
 @dataclass(frozen=True)
@@ -140,8 +138,8 @@ class _Run:
         # tensors of the latest iteration whose communication is not finished
         self.pending = [0] * len(self.layers)
         self.pending_total = 0
-        self.heap: list[tuple] = []
-        self.seq = 0
+        self.loop = EventLoop()
+        self.driver = Driver(self.engine, self.network, self.loop, self.on_launch if record else None)
         self.iteration = 0  # iteration whose forward runs or is next
         self.next_layer = 0  # next layer to run forward
         self.cursor = 0.0  # when the forward chain is free again
@@ -150,34 +148,30 @@ class _Run:
         self.log: list[tuple] = []
         self.messages: list[MessageRecord] = []
         self.compute: list[ComputeRecord] = []
-        self.launched: dict[int, tuple[Message, Any]] = {}
 
-    # -- event heap ----------------------------------------------------------------------
-    def push(self, time: float, kind: int, payload: Any = None) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (time, kind, self.seq, payload))
-
+    # -- events --------------------------------------------------------------------------
     def run(self) -> SimResult:
         self.advance_forward(0.0)
-        heap = self.heap
-        while heap:
-            now, kind, _, payload = heapq.heappop(heap)
-            if kind == _COMPLETE:
-                self.on_complete(payload, now)
-            elif kind == _READY:
-                for name in self.ready_order[payload]:
-                    if self.record:
-                        self.log.append((now, "ready", self.engine.iteration, name))
-                    self.launch(self.engine.on_ready(name, now).start, now)
-            elif kind == _FORWARD:
-                self.iteration += 1
-                if self.iteration < self.iterations:
-                    self.next_layer = 0
-                    self.cursor = now
-                    self.advance_forward(now)
-            else:
-                self.on_backward(now)
+        self.loop.run(self.handle)
         return self.result()
+
+    def handle(self, event: Event) -> None:
+        now = event.time
+        if event.kind == Kind.COMPLETE:
+            self.on_complete(event.payload, now)
+        elif event.kind == Kind.READY:
+            for name in self.ready_order[event.payload]:
+                if self.record:
+                    self.log.append((now, "ready", self.engine.iteration, name))
+                self.driver.ready(name)
+        elif event.kind == Kind.FORWARD:
+            self.iteration += 1
+            if self.iteration < self.iterations:
+                self.next_layer = 0
+                self.cursor = now
+                self.advance_forward(now)
+        else:
+            self.on_backward(now)
 
     # -- compute -------------------------------------------------------------------------
     def deps_done(self, layer: int) -> bool:
@@ -202,7 +196,7 @@ class _Run:
             if self.record:
                 self.compute.append(ComputeRecord(self.iteration, layers[i].name, "forward", start, self.cursor))
             self.next_layer += 1
-        self.push(self.cursor, _BACKWARD)
+        self.loop.schedule(self.cursor, Kind.BACKWARD)
         self.next_layer += 1  # past the end: nothing left to resume
 
     def on_backward(self, now: float) -> None:
@@ -218,21 +212,17 @@ class _Run:
             if self.record:
                 self.compute.append(ComputeRecord(self.iteration, self.layers[i].name, "backward", t, end))
             if self.layer_size[i]:
-                self.push(end, _READY, i)
+                self.loop.schedule(end, Kind.READY, i)
             t = end
-        self.push(t, _FORWARD)
+        self.loop.schedule(t, Kind.FORWARD)
 
     # -- communication ---------------------------------------------------------------------
-    def launch(self, messages: list[Message], now: float) -> None:
-        for message in messages:
-            transfer = self.network.submit(message.nbytes, now)
-            self.launched[message.id] = (message, transfer)
-            if self.record:
-                self.log.append((now, "launch", message.iteration, tuple(message.names)))
-            self.push(transfer.complete, _COMPLETE, message.id)
+    def on_launch(self, launched: Launched, cause: Cause) -> None:
+        message = launched.message
+        self.log.append((message.launched_at, "launch", message.iteration, tuple(message.names)))
 
-    def on_complete(self, message_id: int, now: float) -> None:
-        message, transfer = self.launched.pop(message_id)
+    def on_complete(self, launched: Launched, now: float) -> None:
+        message, transfer = launched
         names = tuple(message.names)
         if self.record:
             self.log.append((now, "done", message.iteration, names))
@@ -241,11 +231,10 @@ class _Run:
                 message.id, message.iteration, names, message.nbytes, message.launched_at, transfer.segments, now
             )
         )
-        decision = self.engine.on_finished(message, now)
+        decision = self.driver.complete(launched)
         for name in decision.done:
             self.pending[self.layer_of[name]] -= 1
         self.pending_total -= len(decision.done)
-        self.launch(decision.start, now)
         if self.next_layer < len(self.layers):
             self.advance_forward(now)
 

@@ -6,24 +6,19 @@ import argparse
 import json
 import sys
 
+from ..cli_args import UsageError
 from ..units import format_bytes
 from .offline import TuneResult, tune_offline
 from .space import DEFAULT_RANGES, default_space
 from .tuner import SAMPLERS
 
 
-def add_parser(sub, add_model_args) -> None:
+def add_parser(sub, add_setting_args) -> None:
     tune = sub.add_parser(
         "tune", help="tune a policy's partition and credit sizes against the simulator",
         description="Bayesian optimisation (Optuna) of a policy's options on log scales, each trial one "
                     "simulation of the setting; the policy's defaults are the first trial.")
-    add_model_args(tune)
-    tune.add_argument("--profile", help="measured JSON profile to use instead of --model")
-    tune.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
-    tune.add_argument("--bandwidth", default="10Gbit", help="link bandwidth per worker and direction (default 10Gbit)")
-    tune.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
-    tune.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
-    tune.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
+    add_setting_args(tune)  # the model and cluster options of gradsched simulate
     tune.add_argument("--policy", default="bytescheduler", help=f"one of: {', '.join(DEFAULT_RANGES)} "
                                                                 "(default bytescheduler)")
     tune.add_argument("--trials", type=int, default=15, help="simulations, the default options first (default 15)")
@@ -54,16 +49,16 @@ def result_text(title: str, result: TuneResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cmd_tune(args: argparse.Namespace, usage_error, table_of, cluster_of) -> int:
+def cmd_tune(args: argparse.Namespace, table_of, cluster_of) -> int:
     overrides = {}
     for item in args.space:
         option, eq, bounds = item.partition("=")
         if not eq:
-            raise usage_error(f"--space {item!r}: write OPTION=LOW:HIGH, e.g. partition_bytes=256KiB:8MiB")
+            raise UsageError(f"--space {item!r}: write OPTION=LOW:HIGH, e.g. partition_bytes=256KiB:8MiB")
         overrides[option.strip()] = bounds.strip()
     space = default_space(args.policy, overrides)
     if args.trials < 1:
-        raise usage_error(f"--trials must be >= 1, got {args.trials}")
+        raise UsageError(f"--trials must be >= 1, got {args.trials}")
     cluster = cluster_of(args)
     table = table_of(args)
     tty = sys.stderr.isatty() and not args.json

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..core import policy_config
 from ..models.table import ModelTable
-from ..sim import Cluster, simulate
+from ..sim import Cluster, predict
 from .space import SearchSpace
 from .tuner import Tuner
 
@@ -33,9 +33,8 @@ class TuneResult:
 
 def simulate_options(table: ModelTable, cluster: Cluster, policy: str, options: dict[str, Any],
                      iterations: int = 6) -> float:
-    config = policy_config(policy, **options)
-    rounds = config.build().warmup_iterations + iterations
-    return simulate(table, cluster, config, iterations=rounds, record=False).iteration_s
+    """The simulated steady-state iteration time of ``policy`` with ``options``."""
+    return predict(table, cluster, policy_config(policy, **options), iterations)
 
 
 def tune_offline(table: ModelTable, cluster: Cluster, space: SearchSpace, trials: int = 15, seed: int = 0,

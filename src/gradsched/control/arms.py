@@ -1,0 +1,235 @@
+"""The measured-arms experiment: which plan runs in each arm, and which one is kept.
+
+After profiling, the runtime measures *arms* one after the other, each a few rounds on one
+plan, every rank switching plans at the same control points
+(:mod:`gradsched.control.schedule`):
+
+* ``POLICY``: the policy with the starting options (the user's);
+* ``BUCKETS``: DDP-style buckets (``fifo``), with ``fallback``: never meaningfully slower
+  than DDP where scheduling cannot help;
+* ``CANDIDATE``: options proposed by the online tuner (:class:`gradsched.tune.Tuner`),
+  told every measured time before it proposes the next, with ``autotune``;
+* ``CONFIRM``: the fastest options so far, measured again, with ``autotune``: the fastest
+  of a handful of noisy measurements is likely a lucky one.
+
+An arm's time is the median of its measured iteration times. Options are scored by the
+mean of their arms. The decision keeps the starting options unless a candidate measured
+twice (its arm and the confirming one) beat them by ``gain`` on that mean, and the
+buckets unless the kept options beat them by as much.
+
+Rank 0 runs the experiment with an ask/tell loop; it holds no clock, no thread and no
+torch, so exact sequences of measured times can be checked without processes:
+
+>>> experiment = ArmsExperiment(arm_kinds(fallback=True), start={}, gain=0.02)
+>>> policy = experiment.ask(); policy.kind, policy.options
+(<ArmKind.POLICY: 'policy'>, {})
+>>> experiment.tell(policy, [0.30, 0.31, 0.50], plan="policy plan")
+0.31
+>>> buckets = experiment.ask(); buckets.kind, buckets.options
+(<ArmKind.BUCKETS: 'fifo'>, None)
+>>> experiment.tell(buckets, [0.33, 0.32], plan="bucket plan")
+0.325
+>>> decision = experiment.decide()
+>>> decision.options, decision.plan, decision.trial
+({}, 'policy plan', TrialReport(policy_s=0.31, fifo_s=0.325, use_fifo=False))
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+
+class ArmKind(enum.Enum):
+    POLICY = "policy"  # the policy with the starting options
+    BUCKETS = "fifo"  # DDP-style buckets
+    CANDIDATE = "tune"  # a candidate of the online tuner
+    CONFIRM = "confirm"  # the fastest options so far, again
+
+
+def arm_kinds(fallback: bool, autotune_trials: int = 0) -> tuple[ArmKind, ...]:
+    """The arms, in order: the policy, the buckets (with ``fallback``), and with
+    ``autotune_trials`` > 0 that many tuner candidates (the policy's arm is the first)
+    followed by a confirming arm. No arm at all when there is nothing to compare."""
+    if not fallback and not autotune_trials:
+        return ()
+    kinds = [ArmKind.POLICY] + ([ArmKind.BUCKETS] if fallback else [])
+    if autotune_trials:
+        kinds += [ArmKind.CANDIDATE] * (autotune_trials - 1) + [ArmKind.CONFIRM]
+    return tuple(kinds)
+
+
+@dataclass(frozen=True)
+class Arm:
+    index: int
+    kind: ArmKind
+    options: dict[str, Any] | None  # the policy's options to run with; None: DDP-style buckets
+    plan: Any = None  # a plan measured before for these options, to run again as it ran
+
+
+@dataclass(frozen=True)
+class TrialReport:
+    """The measured comparison of the kept options with DDP-style buckets."""
+
+    policy_s: float
+    fifo_s: float
+    use_fifo: bool
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """What the online tuner found."""
+
+    best_options: dict[str, Any]  # kept (the starting options unless a candidate was confirmed faster)
+    best_s: float  # mean of the kept options' arms
+    default_s: float | None  # mean of the starting options' arms
+    confirm: dict[str, Any] | None  # {"options", "iteration_s"} of the confirming arm
+    history: list[dict[str, Any]]  # the tuner's history, one entry per candidate
+
+
+@dataclass(frozen=True)
+class Decision:
+    options: dict[str, Any] | None  # the policy's options to keep; None: DDP-style buckets
+    plan: Any  # the plan measured for them, to keep as it ran
+    trial: TrialReport | None  # with fallback
+    tuning: TuningReport | None  # with a tuner
+
+
+class Proposer(Protocol):
+    """What the experiment needs of a tuner (:class:`gradsched.tune.Tuner` is one)."""
+
+    history: list[dict[str, Any]]
+
+    def ask(self) -> Any:  # a candidate with ``.options``
+        ...
+
+    def tell(self, candidate: Any, iteration_s: float) -> None:
+        ...
+
+
+@dataclass
+class _Score:
+    kind: ArmKind
+    options: dict[str, Any] | None
+    seconds: float | None
+    plan: Any
+
+
+@dataclass
+class _Ranked:
+    options: dict[str, Any]
+    start: bool  # the starting options
+    plan: Any
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return statistics.fmean(self.times)
+
+
+class ArmsExperiment:
+    """Ask for the next arm, run it, tell its measured iteration times; then decide.
+
+    ``start``: the starting options (with a tuner, its own starting options, which are its
+    first candidate). ``gain``: how much faster (a fraction) options must be to replace
+    the starting ones, and the kept ones to replace the buckets."""
+
+    def __init__(self, kinds: Sequence[ArmKind], start: Mapping[str, Any], gain: float,
+                 tuner: Proposer | None = None) -> None:
+        if not kinds:
+            raise ValueError("an experiment needs at least one arm")
+        if not 0.0 <= gain < 1.0:
+            raise ValueError(f"gain must be in [0, 1), got {gain}")
+        if ArmKind.CANDIDATE in kinds and tuner is None:
+            raise ValueError("candidate arms need a tuner")
+        self.kinds = tuple(kinds)
+        self.start = dict(start)
+        self.gain = gain
+        self.tuner = tuner
+        self.scores: list[_Score] = []
+        self._asked: Arm | None = None
+        self._candidate: Any = None
+
+    @property
+    def done(self) -> bool:
+        """Every arm was asked for and told."""
+        return len(self.scores) == len(self.kinds)
+
+    def ask(self) -> Arm:
+        """The next arm (after the previous one was told)."""
+        if self._asked is not None:
+            raise RuntimeError(f"arm {self._asked.index} was asked for and not told yet")
+        if self.done:
+            raise RuntimeError("every arm has been measured: decide()")
+        index = len(self.scores)
+        kind = self.kinds[index]
+        plan = None
+        if kind == ArmKind.BUCKETS:
+            options = None
+        elif kind == ArmKind.CONFIRM:
+            ranked = self.ranked()
+            options, plan = (dict(ranked[0].options), ranked[0].plan) if ranked else (dict(self.start), None)
+        elif self.tuner is not None:
+            self._candidate = self.tuner.ask()
+            options = dict(self._candidate.options)
+        else:
+            options = dict(self.start)
+        self._asked = Arm(index, kind, options, plan)
+        return self._asked
+
+    def tell(self, arm: Arm, iteration_times: Sequence[float], plan: Any) -> float | None:
+        """Report the measured iteration times of ``arm`` (the plan it ran on); returns the
+        arm's time, their median (None when nothing was measured)."""
+        if arm is not self._asked:
+            raise ValueError(f"arm {arm.index} is not the arm asked for")
+        self._asked = None
+        seconds = statistics.median(iteration_times) if iteration_times else None
+        self.scores.append(_Score(arm.kind, arm.options, seconds, plan))
+        if self._candidate is not None:
+            if seconds is not None:
+                self.tuner.tell(self._candidate, seconds)
+            self._candidate = None
+        return seconds
+
+    def ranked(self) -> list[_Ranked]:
+        """The measured policy options, fastest first by the mean of their arms (the
+        starting options first among equals); each with its plan as first measured."""
+        groups: dict[tuple, _Ranked] = {}
+        for score in self.scores:
+            if score.kind == ArmKind.BUCKETS or score.seconds is None:
+                continue
+            key = tuple(sorted(score.options.items()))
+            entry = groups.setdefault(key, _Ranked(dict(score.options), score.options == self.start, score.plan))
+            entry.times.append(score.seconds)
+        return sorted(groups.values(), key=lambda e: (e.seconds, not e.start))
+
+    def decide(self) -> Decision | None:
+        """The options to keep and the plan measured for them (None: nothing was measured)."""
+        ranked = self.ranked()
+        if not ranked:
+            return None
+        start = next((entry for entry in ranked if entry.start), None)
+        # a candidate replaces the starting options only when measured twice (the confirming
+        # arm) and clearly faster: one lucky arm is not enough
+        best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), ranked[0])
+        if start is not None and best.seconds > start.seconds * (1.0 - self.gain):
+            best = start
+        options, plan, trial = best.options, best.plan, None
+        buckets = next((s for s in self.scores if s.kind == ArmKind.BUCKETS and s.seconds is not None), None)
+        if buckets is not None:
+            use_fifo = best.seconds > buckets.seconds * (1.0 - self.gain)
+            trial = TrialReport(best.seconds, buckets.seconds, use_fifo)
+            if use_fifo:
+                options, plan = None, buckets.plan
+        return Decision(options, plan, trial, self._tuning(best, start))
+
+    def _tuning(self, best: _Ranked, start: _Ranked | None) -> TuningReport | None:
+        if self.tuner is None:
+            return None
+        last = self.scores[-1]
+        confirm = ({"options": dict(last.options), "iteration_s": last.seconds}
+                   if last.kind == ArmKind.CONFIRM else None)
+        return TuningReport(dict(best.options), best.seconds, start.seconds if start else None, confirm,
+                            list(self.tuner.history))

@@ -1,0 +1,116 @@
+"""What ``gradsched.wrap`` checks before it attaches anything: its arguments, and that every
+rank wraps the same model with the same configuration."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import RuntimeConfig
+from .errors import GradschedError
+from .optimizer import ScheduledOptimizer
+
+
+def check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise GradschedError(
+            "gradsched.wrap needs torch.distributed: call torch.distributed.init_process_group(...) first "
+            "(under torchrun: init_process_group('gloo') on CPU, 'nccl' on GPU)"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"gradsched.wrap: model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(optimizer, ScheduledOptimizer):
+        raise GradschedError("gradsched.wrap: this optimizer is already wrapped")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"gradsched.wrap: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise GradschedError("gradsched.wrap: LBFGS needs a closure over all parameters and cannot update per parameter")
+
+
+def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
+    """Names and parameters that get gradients, each shared parameter once."""
+    names, params, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            names.append(name)
+            params.append(p)
+    return names, params
+
+
+def check_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],
+                     params: Sequence[nn.Parameter], config: RuntimeConfig) -> list[str]:
+    """Raise for what cannot work; return the trainable parameters the optimizer lacks."""
+    if not params:
+        raise GradschedError("gradsched.wrap: the model has no trainable parameters")
+    model_ids = {id(p) for p in model.parameters()}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in model_ids)
+    if foreign:
+        raise GradschedError(f"gradsched.wrap: the optimizer holds {foreign} parameters that are not in the model")
+    if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
+        raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
+                             "use architecture='allreduce' for CUDA parameters")
+    known = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return [n for n, p in zip(names, params) if id(p) not in known]
+
+
+def warn_stray(stray: Sequence[str]) -> None:
+    if stray:
+        warnings.warn(
+            f"gradsched: {len(stray)} trainable parameters are not in the optimizer (e.g. {stray[0]!r}); "
+            "their gradients are averaged but they are never updated",
+            stacklevel=3,
+        )
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], policy: dict[str, Any],
+                       config: RuntimeConfig, group: dist.ProcessGroup, world: int) -> None:
+    """Same structure, same configuration and (unless broadcast) same values everywhere."""
+    structure = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, params)]
+    with torch.no_grad():
+        sums = [(float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params]
+    mine = {
+        "structure": _digest(json.dumps(structure)),
+        "config": json.dumps({"policy": policy, "runtime": config.fingerprint()}, sort_keys=True),
+        "sums": sums,
+    }
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine, group=group)
+    base = everyone[0]
+    for other_rank, other in enumerate(everyone):
+        if other["structure"] != base["structure"]:
+            raise GradschedError(
+                f"gradsched.wrap: rank {other_rank} has different parameters (names, shapes or dtypes) "
+                "than rank 0: every rank must wrap the same model"
+            )
+        if other["config"] != base["config"]:
+            raise GradschedError(f"gradsched.wrap: rank {other_rank} passed a different configuration than rank 0: "
+                                 f"{_differences(json.loads(base['config']), json.loads(other['config']))}")
+    if config.broadcast_parameters:
+        return
+    for other_rank, other in enumerate(everyone):
+        for name, a, b in zip(names, base["sums"], other["sums"]):
+            if a != b:
+                raise GradschedError(
+                    f"gradsched.wrap: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "
+                    "the model identically on every rank, or pass broadcast_parameters=True to copy rank 0's"
+                )
+
+
+def _differences(ours: dict[str, dict], theirs: dict[str, dict]) -> str:
+    return ", ".join(
+        f"{part}.{key}={theirs[part].get(key)!r} (rank 0: {ours[part].get(key)!r})"
+        for part in ours
+        for key in sorted(set(ours[part]) | set(theirs[part]))
+        if ours[part].get(key) != theirs[part].get(key)
+    )

@@ -1,0 +1,48 @@
+"""Where the gradients live under one plan: flat buffers that fused messages reduce in place.
+
+Each plan gets one flat buffer per dtype and device. Every gradient is a contiguous view of
+it (its *home*), gradients in the order the plan first sends them. A message whose slices
+are consecutive in that order is a view of the buffer too and is reduced in place: no copy
+in at launch, no copy back. Others (a block that skipped ahead to fill its budget, mixed
+dtypes) are copied into a temporary buffer and back.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from ..core.plan import Plan
+
+BufferKey = tuple[torch.dtype, torch.device]
+
+
+class BufferLayout:
+    def __init__(self, plan: Plan, index: Mapping[str, int], like: Sequence[torch.Tensor]) -> None:
+        """``index``: tensor name -> position in ``like``; ``like``: the parameters (shape,
+        dtype and device of each gradient)."""
+        self.plan = plan
+        order: list[int] = []
+        for message in plan.messages:
+            for name in message.tensors:
+                if index[name] not in order:
+                    order.append(index[name])
+        sizes: dict[BufferKey, int] = {}
+        place: dict[int, tuple[BufferKey, int]] = {}  # tensor -> (buffer key, first element)
+        for i in order:
+            key = (like[i].dtype, like[i].device)
+            place[i] = (key, sizes.get(key, 0))
+            sizes[key] = sizes.get(key, 0) + like[i].numel()
+        flat = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+        self.homes: dict[int, torch.Tensor] = {
+            i: flat[key][start : start + like[i].numel()].view_as(like[i]) for i, (key, start) in place.items()
+        }
+        self.fused: dict[int, torch.Tensor] = {}  # message -> its range of a flat buffer
+        for k, message in enumerate(plan.messages):
+            ranges = [(place[index[name]][0], place[index[name]][1] + offset, numel)
+                      for name, offset, numel in message.slices]
+            key = ranges[0][0]
+            consecutive = all(a[1] + a[2] == b[1] for a, b in zip(ranges, ranges[1:]))
+            if consecutive and all(r[0] == key for r in ranges):
+                self.fused[k] = flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]

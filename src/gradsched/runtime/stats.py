@@ -1,0 +1,56 @@
+"""What a wrapped run reports: ``optimizer.stats``.
+
+>>> stats = RunStats("prophet", rounds=12, plan_messages=9, plans_adopted=3, link_latency_s=1e-4,
+...                  link_bytes_per_s=3e8, plan_policy="prophet", settled_round=20)
+>>> stats.fell_back, stats.as_dict()["plan_policy"]
+(False, 'prophet')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..control.arms import TrialReport, TuningReport
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's view of the measured trial (the measured model on the probed link).
+    When the link estimate cannot separate per-message from per-byte cost, the policy must
+    win under both attributions for ``use_fifo`` to be False."""
+
+    compute_s: float  # forward + backward of the measured model
+    latency_s: float
+    overhead_s: float  # per message, serial
+    comm_s: float  # every gradient byte once at the measured rate
+    policy_s: float  # predicted iteration time of the policy
+    fifo_s: float  # ... and of DDP-style buckets
+    separable: bool  # per-message and per-byte cost told apart
+    use_fifo: bool  # the prediction's verdict (reported; the measurement decides)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    policy: str  # the policy asked for
+    rounds: int  # backward passes that communicated
+    plan_messages: int  # messages per round in the plan in use
+    plans_adopted: int
+    link_latency_s: float  # the link estimate from completed messages
+    link_bytes_per_s: float
+    plan_policy: str  # the policy whose plans run now ("fifo" after losing the measured trial)
+    settled_round: int  # the first round on the plan chosen after profiling and the measured arms
+    prediction: Prediction | None = None
+    trial: TrialReport | None = None  # the measured comparison with DDP-style buckets (with fallback)
+    autotune: TuningReport | None = None  # the online tuner's report (with autotune)
+    switches: list[tuple[int, str]] = field(default_factory=list)  # (first round, policy) of every plan change
+
+    @property
+    def fell_back(self) -> bool:
+        """The run uses DDP-style buckets instead of the policy asked for."""
+        return self.plan_policy == "fifo" and self.policy != "fifo"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready), nested reports included."""
+        return dataclasses.asdict(self)

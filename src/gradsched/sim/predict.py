@@ -1,0 +1,54 @@
+"""Predictions for a measured setting: the one place that turns measurements of a real link
+(and, optionally, of real compute) into a simulated steady-state iteration time.
+
+The runtime uses it for the prediction it reports next to its measured trial, the bench
+for the prediction next to every measured row, and the tuner for every offline trial.
+
+>>> from gradsched.models.table import Layer, ModelTable, ParamSpec
+>>> from gradsched.core import policy_config
+>>> table = ModelTable("two", (Layer("a", 1e-3, 2e-3, (ParamSpec("a.w", 250_000),)),
+...                            Layer("b", 1e-3, 2e-3, (ParamSpec("b.w", 250_000),))))
+>>> from gradsched.core import MeasuredLink
+>>> link = MeasuredLink(alone_s=1e-4, pipelined_s=2e-5, seconds_per_byte=1e-9)
+>>> round(predict(table, link_cluster(link, workers=2), policy_config("fifo")) * 1e3, 3)
+8.1
+"""
+
+from __future__ import annotations
+
+from ..core.base import PolicyConfig
+from ..core.estimator import MeasuredLink
+from ..models.table import Layer, ModelTable
+from .cluster import Cluster
+from .simulator import simulate
+
+
+def link_cluster(link: MeasuredLink, workers: int, servers: int = 0) -> Cluster:
+    """The simulator's cluster with a measured link (parameter servers when ``servers`` > 0)."""
+    return ring_cluster(workers, link.seconds_per_byte, link.latency_s, link.overhead_s, servers)
+
+
+def ring_cluster(workers: int, seconds_per_byte: float, latency_s: float, overhead_s: float,
+                 servers: int = 0) -> Cluster:
+    """A cluster whose links give a ring all-reduce among ``workers`` the measured cost per
+    payload byte (each link carries 2(n-1)/n of the payload)."""
+    if not seconds_per_byte > 0:
+        raise ValueError(f"seconds per byte must be > 0, got {seconds_per_byte!r}")
+    n = workers
+    bandwidth = 8.0 * 2 * (n - 1) / n / seconds_per_byte if n > 1 else 8.0 / seconds_per_byte
+    return Cluster(workers, bandwidth_bps=bandwidth, latency_s=latency_s, overhead_s=overhead_s,
+                   arch="ps" if servers else "allreduce", servers=servers)
+
+
+def scaled(table: ModelTable, compute_s: float) -> ModelTable:
+    """``table`` with every layer's times scaled so that its compute time is ``compute_s``."""
+    scale = compute_s / table.compute_s if table.compute_s > 0 else 1.0
+    layers = tuple(Layer(l.name, l.forward_s * scale, l.backward_s * scale, l.params) for l in table.layers)
+    return ModelTable(table.name, layers, table.meta)
+
+
+def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
+    """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
+    policy's own warm-up (Prophet's profiling)."""
+    rounds = policy.build().warmup_iterations + iterations
+    return simulate(table, cluster, policy, iterations=rounds, record=False).iteration_s
