@@ -125,3 +125,16 @@ def test_runtime_functions_stay_short():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 assert length <= 60, f"{path.name}: {node.name} has {length} lines: split it"
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (SRC.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    missing = []
+    for path in (SRC / "gradsched").rglob("*.py"):
+        if path.name in ("__init__.py", "__main__.py") or path.parent.name == "policies":
+            continue
+        if path.name not in layout:
+            missing.append(str(path.relative_to(SRC)))
+    assert missing == [], f"README's layout section does not mention {missing}"

@@ -19,6 +19,10 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class RuntimeConfig:
+    """Every keyword option of ``gradsched.wrap``, with its default; the comment on each
+    field is its documentation. Types and ranges are checked on construction, and every
+    rank must pass the same values (``trace`` and ``exit_server`` excepted)."""
+
     # -- what is communicated (as DDP's options of the same names) --
     find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: costs one small
     #   collective per backward pass; a parameter unused on every rank keeps grad=None and is not updated
