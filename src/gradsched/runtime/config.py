@@ -81,12 +81,13 @@ class RuntimeConfig:
                 raise ValueError(message)
 
     def _check_types(self) -> None:
+        accepted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            kinds = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "str | None": (str,),
-                     "dict | None": (dict,)}[f.type]
-            if value is None and f.type.endswith("None"):
+            kind, _, optional = f.type.partition(" | ")
+            if value is None and optional == "None":
                 continue
+            kinds = accepted.get(kind, (dict,) if kind == "dict" else (object,))
             if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
                 raise TypeError(f"gradsched.wrap: {f.name} must be {f.type}, got {value!r}")
 

@@ -162,34 +162,40 @@ class Planner:
             return None  # parameters are skipped
         ready = _median_ready(timings, self.names) if timings else default_ready_times(self.tensors)
         link = self._estimated_link()
-        prediction = None
-        if point == ControlPoint(Stage.ARM, 0) and self.config.architecture == "allreduce" and link and timings \
-                and self.config.fallback:
-            probed = self.link
-            prediction = self._predict(timings, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s)
-                                                  if probed else link))
-        if point.stage == Stage.DECIDE or (point.stage == Stage.ARM and point.index > 0):
-            self._close_arm()
-        decision = plan = None
+        prediction = self._prediction(timings, link) if point == ControlPoint(Stage.ARM, 0) else None
+        arm = decision = None
         if point.stage == Stage.ARM:
+            if point.index > 0:
+                self._close_arm()
             with torch.enable_grad():  # the GP sampler fits its model with autograd (step() runs under no_grad)
                 arm = self.experiment.ask()
-            policy = FifoConfig() if arm.options is None else dataclasses.replace(self.policy, **arm.options)
-            plan = arm.plan
+            policy, plan = self._with(arm.options), arm.plan
+        elif point.stage == Stage.DECIDE:
+            self._close_arm()
+            decision = self.experiment.decide()
+            if decision is not None:
+                self.chosen = self._with(decision.options)
+            policy, plan = self.chosen, decision and decision.plan
         else:
-            if point.stage == Stage.DECIDE:
-                decision = self.experiment.decide()
-                if decision is not None:
-                    self.chosen = FifoConfig() if decision.options is None else dataclasses.replace(
-                        self.policy, **decision.options)
-                    plan = decision.plan
-            policy = self.chosen
+            policy, plan = self.chosen, None
         plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture)
-        if point.stage == Stage.ARM:
+        if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))
         return Proposal(plan if changed else None, prediction, decision and decision.trial,
                         decision and decision.tuning)
+
+    def _with(self, options: dict | None) -> PolicyConfig:
+        """The policy with ``options`` (None: DDP-style buckets)."""
+        return FifoConfig() if options is None else dataclasses.replace(self.policy, **options)
+
+    def _prediction(self, timings: list[RoundTiming], link: tuple) -> Prediction | None:
+        """The simulator's view of the measured trial, on the probed link (or the estimate)."""
+        if not (self.config.fallback and self.config.architecture == "allreduce" and link and timings):
+            return None
+        probed = self.link
+        return self._predict(timings, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s)
+                                        if probed else link))
 
     def _estimated_link(self) -> tuple[float, float, float] | tuple[()]:
         """(latency, seconds per byte, per-message overhead) estimated from completed
