@@ -79,7 +79,7 @@ class _Rank:
     def fresh(self):
         torch.manual_seed(0)
         model = self.work.build()
-        return model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        return model, self.work.optimizer(model)
 
     def step(self, model, opt):
         return _stepper(model, opt, self.load, self.work.loss)

@@ -6,9 +6,12 @@ compute is a wait of its profiled duration. The CPU stays free during those wait
 would while a GPU computes, so the communication of a large model can be measured on a
 small machine. Results from replay models are always labelled as such.
 
-Waiting is paced: each layer's wait is added to a running debt and the thread sleeps only
-once the debt exceeds a fraction of a millisecond, so sleep overshoot does not accumulate
-over hundreds of short layers. Each layer keeps one buffer per gradient and hands it back
+Waiting is paced as a device computes (:class:`Pacer`): the CPU work between layers
+(autograd, hooks, the Python of an optimizer) is hidden behind the layer before, as kernel
+launches are on a GPU, so a replay computes what its profile says; time the thread spends
+blocked leaves the device idle. The optimizer of a replay (:class:`ReplayOptimizer`) paces
+its update at the device's memory bandwidth instead of doing the arithmetic on the CPU.
+Each layer keeps one buffer per gradient and hands it back
 to autograd every iteration, which takes it over as the new ``.grad`` (no allocation, no
 copy), as a GPU's backward would write fresh gradients. The hooks that keep the buffers run
 before a wrapper's hooks, so whatever the wrapper then does with ``.grad`` (copy it into a
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from ..models import MODELS, Layer, ModelTable, ParamSpec, model_table
+from ..models.devices import get_device
 
 REAL = {
     "mlp": "MLP, 31.5M parameters (1024-2048-4096-4096-1024-10), batch 64",
@@ -43,19 +47,63 @@ def mini_table() -> ModelTable:
     return ModelTable("mini", layers, {"source": "synthetic"})
 
 
-class _Pacer:
-    """Sleeps the total of the waits asked for, without accumulating sleep overshoot."""
+class Pacer:
+    """Waits as an accelerator computes: one device *op* per call, the CPU feeding it ahead.
 
-    def __init__(self, quantum: float = 3e-4) -> None:
+    Each op starts when the previous one ended, plus any time the thread spent blocked
+    (waiting, not computing) since it got back from the previous op: the CPU work the thread
+    did in between (autograd, hooks, an optimizer's Python) is hidden behind the previous op,
+    up to that op's length, as kernel launches are on a GPU. A thread blocked on
+    communication leaves the device idle, as it would. The thread sleeps until the op ends;
+    waits too short to sleep accurately are carried over, and oversleeping is not counted:
+    the next op is timed from the previous one's end, not from the late wake-up.
+    """
+
+    def __init__(self, quantum: float = 3e-4, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.thread_time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.quantum = quantum
-        self.debt = 0.0
+        self.clock, self.cpu_clock, self.sleep = clock, cpu_clock, sleep
+        self.end: float | None = None  # when the previous op ended (device time, on the wall clock)
+        self.resumed = 0.0  # when the thread got back from it
+        self.cpu = 0.0  # the thread's CPU time then
+        self.previous = 0.0  # the previous op's length
+        self.ops = 0
+        self.busy_s = 0.0  # device time paced so far
 
     def wait(self, seconds: float) -> None:
-        self.debt += seconds
-        if self.debt >= self.quantum:
-            start = time.perf_counter()
-            time.sleep(self.debt)
-            self.debt -= time.perf_counter() - start
+        now, cpu = self.clock(), self.cpu_clock()
+        if self.end is None:
+            start = now
+        else:
+            hidden = min(cpu - self.cpu, self.previous)  # CPU work done while the device computed
+            start = self.end + max(0.0, now - self.resumed - hidden)
+        self.end = start + seconds
+        self.previous = seconds
+        self.ops += 1
+        self.busy_s += seconds
+        if self.end - now >= self.quantum:
+            self.sleep(self.end - now)
+        self.resumed, self.cpu = self.clock(), self.cpu_clock()
+
+
+class ReplayOptimizer(torch.optim.Optimizer):
+    """SGD with momentum as a replay: each ``step()`` is one device op of the time the update
+    takes at the device's memory bandwidth (five passes over the updated parameters: read
+    parameter, gradient and momentum, write parameter and momentum). Parameters stay as
+    they are, so the CPU does no arithmetic a GPU would do; the Python around it is real."""
+
+    PASSES = 5
+
+    def __init__(self, params, pacer: Pacer, bytes_per_second: float) -> None:
+        super().__init__(params, {"lr": 1e-3})
+        self.pacer = pacer
+        self.bytes_per_second = bytes_per_second
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        nbytes = sum(p.numel() * p.element_size() for g in self.param_groups for p in g["params"] if p.grad is not None)
+        if nbytes:
+            self.pacer.wait(self.PASSES * nbytes / self.bytes_per_second)
 
 
 class _ReplayOp(torch.autograd.Function):
@@ -73,7 +121,7 @@ class _ReplayOp(torch.autograd.Function):
 
 
 class ReplayLayer(nn.Module):
-    def __init__(self, name: str, forward_s: float, backward_s: float, sizes: list[int], pacer: _Pacer):
+    def __init__(self, name: str, forward_s: float, backward_s: float, sizes: list[int], pacer: Pacer):
         super().__init__()
         self.label = name
         self.forward_s = forward_s
@@ -108,7 +156,7 @@ class ReplayLayer(nn.Module):
 class ReplayNet(nn.Module):
     def __init__(self, table: ModelTable) -> None:
         super().__init__()
-        self.pacer = _Pacer()
+        self.pacer = Pacer()
         self.layers = nn.ModuleList(
             ReplayLayer(layer.name, layer.forward_s, layer.backward_s, [p.numel for p in layer.params], self.pacer)
             for layer in table.layers
@@ -129,6 +177,8 @@ class Workload:
     batch: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     table: ModelTable | None  # what the simulator predicts with (replay models only)
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer] = lambda model: torch.optim.SGD(
+        model.parameters(), lr=1e-3, momentum=0.9)
 
 
 def _mlp() -> nn.Module:
@@ -164,9 +214,11 @@ def workload(name: str, batch: int = 32, device: str = "v100") -> Workload:
     if name in REPLAY:
         table = mini_table() if name == "replay-mini" else model_table(name.removeprefix("replay-"), batch, device)
         detail = "" if name == "replay-mini" else f" ({device}, batch {batch}: {table.compute_s * 1e3:.0f} ms compute)"
+        rate = get_device(device).memory_gbs * 1e9
         return Workload(name, REPLAY[name] + detail,
                         True, lambda: ReplayNet(table), lambda g: (torch.zeros(1), torch.zeros(1)),
-                        lambda out, y: out.sum(), table)
+                        lambda out, y: out.sum(), table,
+                        lambda model: ReplayOptimizer(model.parameters(), model.pacer, rate))
     known = ", ".join([*REAL, *REPLAY])
     raise ValueError(f"unknown bench model {name!r}; choose from: {known}")
 

@@ -1,0 +1,88 @@
+"""The replay's pacer, on a simulated clock: device ops back to back, CPU work between them
+hidden behind the previous op (up to its length), blocked time and late wake-ups not."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradsched.bench.workloads import Pacer
+
+
+class Clocks:
+    """A wall clock and a thread CPU clock that the test advances; sleeping advances the
+    wall clock by what was asked plus a fixed oversleep."""
+
+    def __init__(self, oversleep: float = 0.0) -> None:
+        self.wall = self.cpu = 0.0
+        self.oversleep = oversleep
+        self.slept: list[float] = []
+
+    def work(self, seconds: float) -> None:  # the thread computes
+        self.wall += seconds
+        self.cpu += seconds
+
+    def block(self, seconds: float) -> None:  # the thread waits (communication, a lock)
+        self.wall += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.wall += seconds + self.oversleep
+
+    def pacer(self) -> Pacer:
+        return Pacer(quantum=1e-4, clock=lambda: self.wall, cpu_clock=lambda: self.cpu, sleep=self.sleep)
+
+
+def test_cpu_work_between_ops_is_hidden_and_oversleep_is_not_counted():
+    clocks = Clocks(oversleep=0.05e-3)
+    pacer = clocks.pacer()
+    for _ in range(10):
+        clocks.work(0.2e-3)  # autograd and hooks between layers
+        pacer.wait(1e-3)
+    # ten 1 ms ops back to back after the first op's start (0.2 ms): the CPU work and the
+    # oversleep of every wake-up are hidden
+    assert pacer.end == pytest.approx(0.2e-3 + 10e-3)
+    assert pacer.busy_s == pytest.approx(10e-3) and pacer.ops == 10
+
+
+def test_cpu_work_longer_than_the_previous_op_delays_the_next():
+    clocks = Clocks()
+    pacer = clocks.pacer()
+    pacer.wait(1e-3)
+    clocks.work(3e-3)  # more CPU work than the 1 ms op could hide
+    pacer.wait(1e-3)
+    assert pacer.end == pytest.approx(1e-3 + 2e-3 + 1e-3)
+
+
+def test_blocked_time_leaves_the_device_idle():
+    clocks = Clocks()
+    pacer = clocks.pacer()
+    pacer.wait(1e-3)
+    clocks.block(5e-3)  # waiting for a reduction
+    clocks.work(0.5e-3)
+    pacer.wait(1e-3)
+    assert pacer.end == pytest.approx(1e-3 + 5e-3 + 1e-3)
+
+
+def test_short_waits_are_carried_over():
+    clocks = Clocks()
+    pacer = clocks.pacer()
+    for _ in range(3):
+        pacer.wait(0.03e-3)  # 0.09 ms in all, below the 0.1 ms quantum: no sleep yet
+    assert clocks.slept == [] and pacer.end == pytest.approx(0.09e-3)
+    pacer.wait(0.03e-3)
+    assert clocks.slept == [pytest.approx(0.12e-3)]
+
+
+def test_replay_optimizer_paces_the_update_and_leaves_parameters_alone():
+    import torch
+
+    from gradsched.bench.workloads import ReplayOptimizer
+
+    clocks = Clocks()
+    pacer = clocks.pacer()
+    params = [torch.nn.Parameter(torch.ones(1000)), torch.nn.Parameter(torch.ones(500))]
+    params[0].grad = torch.ones(1000)  # the second has no gradient: not updated, not paced
+    optimizer = ReplayOptimizer(params, pacer, bytes_per_second=1e9)
+    optimizer.step()
+    assert pacer.busy_s == pytest.approx(5 * 4000 / 1e9)  # five passes over 4000 bytes
+    assert all(torch.equal(p, torch.ones_like(p)) for p in params)
