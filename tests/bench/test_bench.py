@@ -124,6 +124,25 @@ def test_smoke_run_two_workers(tmp_path):
 
 
 @needs_netns
+def test_balance_finds_where_compute_and_communication_are_equal():
+    """replay-mini computes 40 ms; its 8.4 MB of gradients take that long at about 1.7 Gbit/s.
+    Calibration starts far from it (0.5 Gbit/s) and the run happens where the two match."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--balance", "--bandwidth", "0.5Gbit",
+         "--iters", "4", "--warmup", "1", "--policy", "ddp", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    setting = json.loads(out.stdout)["settings"][0]
+    calibration = setting["balance_calibration"]
+    assert calibration[0]["bandwidth_gbps"] == 0.5 and calibration[0]["comm_s"] > 2 * calibration[0]["compute_s"]
+    assert 1.0 < setting["bandwidth_gbps"] < 3.0
+    assert setting["comm_s"] == pytest.approx(setting["compute_s"], rel=0.25)
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(PREFIX)]
+
+
+@needs_netns
 def test_timeout_cleans_up():
     out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--iters", "50",
                           "--policy", "ddp", "--timeout", "3s"], capture_output=True, text=True, timeout=120)
@@ -146,6 +165,8 @@ def test_timeout_cleans_up():
         (["--arch", "ps"], "--arch ps needs --servers >= 1"),
         (["--servers", "2"], "--servers only applies to --arch ps"),
         (["--autotune", "1"], "--autotune needs >= 2 trials"),
+        (["--balance", "--sweep-bandwidth", "1,2"], "--balance finds one bandwidth"),
+        (["--balance", "--loopback"], "--balance finds one bandwidth"),
     ],
 )
 def test_bench_rejects_bad_input(argv, message):

@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
     bench.add_argument("--servers", type=int, default=0, help="parameter servers, each a rank of its own (--arch ps)")
     bench.add_argument("--bandwidth", help="link bandwidth per rank and direction, e.g. 5Gbit (default 5Gbit)")
     bench.add_argument("--sweep-bandwidth", help="comma list of bandwidths, bare numbers in Gbit/s: 1,2,5")
+    bench.add_argument("--balance", action="store_true",
+                       help="measure at this machine's balance point: the bandwidth where compute only and "
+                            "communication only take equal time, found by short calibration runs starting from "
+                            "--bandwidth")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
     bench.add_argument("--policy", default=DEFAULT_POLICIES,
                        help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
@@ -62,7 +66,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
-        servers=args.servers, autotune_trials=args.autotune,
+        servers=args.servers, autotune_trials=args.autotune, balance=args.balance,
     )
 
 

@@ -10,6 +10,7 @@ models, the simulator's prediction for the same setting on the measured link.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -53,6 +54,8 @@ class BenchConfig:
     arch: str = "allreduce"  # or "ps": ``servers`` more ranks, each in its own namespace
     servers: int = 0
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
+    balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
+    #   by calibration runs starting from bandwidths_bps[0]
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -78,6 +81,9 @@ class BenchConfig:
                 raise ValueError(f"--set {policy}.*: {policy!r} is not a gradsched policy being measured")
         if not self.policies:
             raise ValueError("no policy to measure")
+        if self.balance and (len(self.bandwidths_bps) != 1 or self.bandwidths_bps[0] is None or self.loopback):
+            raise ValueError("--balance finds one bandwidth on the emulated network, starting from --bandwidth: "
+                             "drop --sweep-bandwidth and --loopback")
         if self.autotune_trials == 1 or self.autotune_trials < 0:
             raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
@@ -119,6 +125,7 @@ class Setting:
     latency_s: float  # one tiny all-reduce
     overhead_s: float  # per message, many in flight
     rows: list[dict[str, Any]] = field(default_factory=list)
+    calibration: list[dict[str, float]] | None = None  # with --balance: the runs that found the bandwidth
 
     @property
     def bound_s(self) -> float:
@@ -131,10 +138,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None]) -> dict:
+def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
+            runs: Sequence[str] | None = None, iters: int | None = None) -> dict:
+    """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
     payload = json.dumps({
-        "model": config.model, "batch": config.batch, "device": config.device, "iters": config.iters,
-        "warmup": config.warmup, "policies": config.runs, "trace_dir": config.trace_dir,
+        "model": config.model, "batch": config.batch, "device": config.device, "iters": iters or config.iters,
+        "warmup": config.warmup, "policies": config.runs if runs is None else list(runs), "trace_dir": config.trace_dir,
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
         "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
@@ -241,11 +250,43 @@ def _ran(config: BenchConfig, policy: str, result: dict) -> PolicyConfig:
     return policy_config(ran, **options)
 
 
+CALIBRATION_ITERS = 8
+BALANCED_WITHIN = 0.05  # calibration stops once compute and communication differ by less than this
+
+
+def find_balance(config: BenchConfig, progress: Callable[[str], None] | None = None,
+                 steps: int = 3) -> tuple[float, list[dict]]:
+    """The bandwidth at which the measured communication-only time equals compute-only: a
+    calibration run (baselines only) at the starting bandwidth, then at the bandwidth that
+    would balance them if communication time were inversely proportional to bandwidth,
+    until they are within 5%. Returns the bandwidth and every calibration's figures."""
+    bandwidth = config.bandwidths_bps[0]
+    history = []
+    for step in range(steps):
+        if progress:
+            progress(f"[balance {step + 1}/{steps}] calibrating at {bandwidth / 1e9:.3g} Gbit/s")
+        with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:
+            raw = _launch(config, cluster, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
+        setting = _figures(config, bandwidth, True, raw)
+        history.append({"bandwidth_gbps": bandwidth / 1e9, "compute_s": setting.compute_s, "comm_s": setting.comm_s})
+        ratio = setting.comm_s / setting.compute_s
+        bandwidth *= ratio
+        if abs(ratio - 1.0) < BALANCED_WITHIN:
+            break
+    return bandwidth, history
+
+
 def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None,
               warn: Callable[[str], None] | None = None) -> list[Setting]:
     ok, why = (False, "loopback was asked for") if config.loopback else available()
+    if config.balance and not ok:
+        raise RuntimeError(f"--balance needs the emulated network ({why})")
     if not ok and warn:
         warn(f"no emulated network ({why}): running on loopback WITHOUT a bandwidth limit")
+    calibration = None
+    if config.balance:
+        balanced, calibration = find_balance(config, progress)
+        config = dataclasses.replace(config, bandwidths_bps=(balanced,))
     settings = []
     for b, bandwidth in enumerate(config.bandwidths_bps if ok else (None,)):
         label = "loopback" if not ok or bandwidth is None else f"{bandwidth / 1e9:g} Gbit/s"
@@ -262,6 +303,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
         else:
             raw = _launch(config, None, show)
         settings.append(_figures(config, bandwidth if ok else None, ok and bandwidth is not None, raw))
+        settings[-1].calibration = calibration
     return settings
 
 
@@ -278,7 +320,8 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
-                      "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s} for s in settings],
+                      "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s,
+                      "balance_calibration": s.calibration} for s in settings],
         "results": [row for s in settings for row in s.rows],
     }
 
@@ -287,7 +330,11 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
     work = workload(config.model, config.batch, config.device)
     lines = []
     for s in settings:
-        where = f"{s.bandwidth_bps / 1e9:g} Gbit/s per link (tc)" if s.limited else "loopback, NO bandwidth limit"
+        where = f"{s.bandwidth_bps / 1e9:.3g} Gbit/s per link (tc)" if s.limited else "loopback, NO bandwidth limit"
+        if s.calibration:
+            where += ", the balance point (" + " -> ".join(
+                f"{c['bandwidth_gbps']:.3g} Gbit/s: compute {c['compute_s'] * 1e3:.0f} / comm {c['comm_s'] * 1e3:.0f} ms"
+                for c in s.calibration) + ")"
         arch = f" + {config.servers} parameter servers" if config.arch == "ps" else ""
         lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))

@@ -20,6 +20,8 @@ bucket, say) costs what it costs with real gradients.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -47,20 +49,41 @@ def mini_table() -> ModelTable:
     return ModelTable("mini", layers, {"source": "synthetic"})
 
 
+_SCHEDSTAT = threading.local()
+
+
+def thread_busy_time() -> float:
+    """Seconds this thread has been running (its CPU time) or runnable (waiting for a CPU
+    that others held: the run delay in Linux's per-thread scheduler statistics, where they
+    are available). Time spent blocked (sleeping, on a lock) is not counted."""
+    fd = getattr(_SCHEDSTAT, "fd", None)
+    if fd is None:
+        try:
+            fd = _SCHEDSTAT.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = _SCHEDSTAT.fd = -1
+    if fd < 0:
+        return time.thread_time()
+    return time.thread_time() + int(os.pread(fd, 128, 0).split()[1]) * 1e-9
+
+
 class Pacer:
     """Waits as an accelerator computes: one device *op* per call, the CPU feeding it ahead.
 
     Each op starts when the previous one ended, plus any time the thread spent blocked
-    (waiting, not computing) since it got back from the previous op: the CPU work the thread
-    did in between (autograd, hooks, an optimizer's Python) is hidden behind the previous op,
-    up to that op's length, as kernel launches are on a GPU. A thread blocked on
-    communication leaves the device idle, as it would. The thread sleeps until the op ends;
-    waits too short to sleep accurately are carried over, and oversleeping is not counted:
-    the next op is timed from the previous one's end, not from the late wake-up.
+    (waiting on a lock or on communication, not computing) since it got back from the
+    previous op. The CPU work the thread did in between (autograd, hooks, an optimizer's
+    Python), and the time it waited for a CPU held by other processes (on this 2-core
+    machine, the other ranks and the network stack, which a GPU host runs beside its
+    devices), are hidden behind the previous op, up to that op's length, as kernel launches
+    are on a GPU. A thread blocked on communication leaves the device idle, as it would.
+    The thread sleeps until the op ends; waits too short to sleep accurately are carried
+    over, and oversleeping is not counted: the next op is timed from the previous one's end,
+    not from the late wake-up.
     """
 
     def __init__(self, quantum: float = 3e-4, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.thread_time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 cpu_clock: Callable[[], float] = thread_busy_time, sleep: Callable[[float], None] = time.sleep) -> None:
         self.quantum = quantum
         self.clock, self.cpu_clock, self.sleep = clock, cpu_clock, sleep
         self.end: float | None = None  # when the previous op ended (device time, on the wall clock)
