@@ -5,7 +5,8 @@ behind the best of fifo (DDP) and bytescheduler?
                                      [--bandwidths 1,3,10,25,100] [--policy prophet] [--cases]
 
 Each case is one model, worker count, architecture and bandwidth (V100 preset, batch 32,
-50 us latency, each policy with its default options). Printed: for the policy under test,
+50 us latency unless --latency, no per-message cost unless --overhead, each policy with its
+default options). Printed: for the policy under test,
 how many cases it is more than 1%, 2% and 5% slower than the best of fifo and bytescheduler,
 the worst case, how many it is ahead by more than 1%, and (--cases) every case.
 """
@@ -20,16 +21,18 @@ import time
 from gradsched.core import policy_config
 from gradsched.models import model_table
 from gradsched.sim import Cluster, predict
+from gradsched.units import parse_duration
 
 REFERENCES = ("fifo", "bytescheduler")
 
 
-def grid(models, workers, archs, bandwidths, policy: str, progress=None) -> list[dict]:
+def grid(models, workers, archs, bandwidths, policy: str, progress=None, latency_s: float = 50e-6,
+         overhead_s: float = 0.0) -> list[dict]:
     cases = []
     settings = list(itertools.product(models, workers, archs, bandwidths))
     tables = {name: model_table(name) for name in models}
     for k, (name, n, arch, gbps) in enumerate(settings):
-        cluster = Cluster(n, bandwidth_bps=gbps * 1e9, arch=arch)
+        cluster = Cluster(n, bandwidth_bps=gbps * 1e9, latency_s=latency_s, arch=arch, overhead_s=overhead_s)
         times = {p: predict(tables[name], cluster, policy_config(p)) for p in (*REFERENCES, policy)}
         best = min(times[p] for p in REFERENCES)
         cases.append({"model": name, "workers": n, "arch": arch, "gbps": gbps, "times": times,
@@ -61,6 +64,8 @@ def main() -> None:
     parser.add_argument("--archs", default="allreduce,ps")
     parser.add_argument("--bandwidths", default="1,3,10,25,100", help="Gbit/s")
     parser.add_argument("--policy", default="prophet")
+    parser.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
+    parser.add_argument("--overhead", default="0", help="serial per-message cost, e.g. 0.7ms (default 0)")
     parser.add_argument("--cases", action="store_true", help="print every case")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -70,7 +75,8 @@ def main() -> None:
             print(f"\r{done}/{total} cases\x1b[K", end="", file=sys.stderr, flush=True)
 
     cases = grid(args.models.split(","), [int(w) for w in args.workers.split(",")], args.archs.split(","),
-                 [float(b) for b in args.bandwidths.split(",")], args.policy, progress)
+                 [float(b) for b in args.bandwidths.split(",")], args.policy, progress,
+                 parse_duration(args.latency), parse_duration(args.overhead))
     if sys.stderr.isatty():
         print("\r\x1b[K", end="", file=sys.stderr)
     if args.cases:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MiB = 1 << 20
 _SKIP = 16  # leaves a block may pass over to fill its budget with smaller ones
+AMORTISE = 9  # the floor's messages carry at least this many times the link's per-message cost
 
 
 class StageBlocks(FlowControl):
@@ -138,11 +139,20 @@ class StageBlocks(FlowControl):
                 lambda total, messages: in_flight + total <= floor or (in_flight == 0 and total == engine.peek().nbytes),
                 self.fuse_bytes,
             )
+            if in_flight and groups and not self._worth_a_message(engine, groups):
+                engine.requeue([t for g in groups for t in g])  # too small to pay for its message: wait for more
+                groups = []
         block = sum(t.nbytes for group in groups for t in group)
         if block:
             self.blocks.append((engine.iteration, stage, block))
         self._block_window = engine.in_flight_bytes + block
         return groups
+
+    def _worth_a_message(self, engine: Scheduler, groups: list[list[CommTask]]) -> bool:
+        """Each message moves enough bytes that the link's per-message cost is under a tenth
+        of its time (always true where the estimate finds no per-message cost)."""
+        est = engine.estimator
+        return all(est.per_message * AMORTISE <= est.seconds_per_byte * sum(t.nbytes for t in g) for g in groups)
 
     def window(self) -> float:
         return float(max(self.tail.credit_bytes, self._block_window))
@@ -160,7 +170,8 @@ class ProphetConfig(PolicyConfig):
     profile_iterations: int = 2  # iterations profiled (ByteScheduler-like) before planning
     horizon: str = "stage"  # "stage": fill until the arriving stage completes; "gap": the original rule
     floor_bytes: int = 6 * MiB  # "stage" only: when no slice fits before the stage completes, keep this much in
-    #   flight anyway, most urgent first (0: leave the link idle, as the original does)
+    #   flight anyway, most urgent first, in messages big enough to pay for the link's per-message cost
+    #   (0: leave the link idle, as the original does)
 
     def __post_init__(self) -> None:
         require(self.partition_bytes >= 1, f"prophet: partition_bytes must be >= 1, got {self.partition_bytes}")
