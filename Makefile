@@ -14,9 +14,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The main job: every policy on VGG-16 and ResNet-50, 16 workers, over a bandwidth sweep.
+# The main job: a short real run on the emulated cluster at its balance point (DDP against
+# prophet, replay ResNet-50, about two minutes; skipped, and said so, without root and
+# iproute2), then every policy on VGG-16 and ResNet-50, 16 workers, over a bandwidth sweep
+# in the simulator.
 demo: $(STAMP)
 	mkdir -p out
+	@if $(BIN)/gradsched bench --check; then \
+		$(BIN)/gradsched bench --model replay-resnet50 --batch 96 --balance --iters 10 --warmup 3 \
+			--policy ddp,prophet --plot out/bench-resnet50-balance.png; \
+	fi
 	$(BIN)/gradsched simulate --model vgg16 --workers 16 --sweep-bandwidth $(SWEEP) --plot out/vgg16-allreduce.png
 	$(BIN)/gradsched simulate --model resnet50 --workers 16 --sweep-bandwidth $(SWEEP) --plot out/resnet50-allreduce.png
 

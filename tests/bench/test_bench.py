@@ -181,6 +181,15 @@ def test_without_root_the_reason_is_given(monkeypatch):
     assert available() == (False, "creating network namespaces needs root")
 
 
+def test_check_says_whether_the_cluster_can_run(monkeypatch, capsys):
+    from gradsched.cli import main
+
+    assert main(["bench", "--check"]) == (0 if HAVE_NETNS else 1)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert main(["bench", "--check"]) == 1
+    assert "no emulated cluster here: creating network namespaces needs root" in capsys.readouterr().err
+
+
 def test_loopback_run_is_labelled_unlimited(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--loopback", "--iters", "3",

@@ -9,6 +9,7 @@ import sys
 
 from ..cli_args import UsageError, bandwidths, parse_sets, split_list
 from ..units import parse_duration
+from .netns import available
 from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
 from .workloads import REAL, REPLAY
 
@@ -51,6 +52,8 @@ def add_parser(sub) -> None:
     bench.add_argument("--timeout", default="30min", help="give up after this long per bandwidth (default 30min)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     bench.add_argument("--plot", help="write a PNG (speed-up and ratio to the bound against bandwidth)")
+    bench.add_argument("--check", action="store_true",
+                       help="only say whether the emulated cluster can run here (exit 0) or why not (exit 1)")
     bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
 
 
@@ -71,6 +74,10 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.check:
+        usable, why = available()
+        print("the emulated cluster can run here" if usable else f"no emulated cluster here: {why}", file=sys.stderr)
+        return 0 if usable else 1
     config = config_from(args)
     # a plain `kill` must clean up the namespaces too: turn SIGTERM into an exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
