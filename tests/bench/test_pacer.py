@@ -86,3 +86,29 @@ def test_replay_optimizer_paces_the_update_and_leaves_parameters_alone():
     optimizer.step()
     assert pacer.busy_s == pytest.approx(5 * 4000 / 1e9)  # five passes over 4000 bytes
     assert all(torch.equal(p, torch.ones_like(p)) for p in params)
+
+
+def test_a_dropped_replay_model_is_freed_at_once():
+    """The bench runs one model per policy in a process: a model that is trained and
+    dropped must be freed by reference counting (its gradient hooks live in the parameters,
+    where Python's cycle collector cannot see them)."""
+    import gc
+    import weakref
+
+    from gradsched.bench.workloads import workload
+
+    def train_and_drop():
+        work = workload("replay-mini")
+        model = work.build()
+        optimizer = work.optimizer(model)
+        x, y = work.batch(__import__("torch").Generator().manual_seed(0))
+        for _ in range(2):
+            work.loss(model(x), y).backward()
+            optimizer.step()
+        return weakref.ref(next(model.parameters()))
+
+    gc.disable()
+    try:
+        assert train_and_drop()() is None
+    finally:
+        gc.enable()

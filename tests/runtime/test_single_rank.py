@@ -280,3 +280,32 @@ def test_parameter_servers_refuse_non_cpu_parameters(world_of_one):
     model = net().to("meta")  # stands for CUDA here: any non-CPU device
     with pytest.raises(GradschedError, match="CPU tensors over gloo"):
         gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), architecture="ps", servers=1)
+
+
+@pytest.mark.parametrize("policy", list(SMALL))
+def test_close_frees_parameters_and_buffers_without_a_garbage_collection(world_of_one, policy):
+    """A run that is closed and dropped frees its memory at once: no reference cycle of
+    gradsched's keeps the parameters, their gradients' flat buffers or the optimizer's state
+    alive until Python's cycle collector happens to run (which counts objects, not bytes:
+    a bench running policies one after another grew by a model's worth per policy)."""
+    import gc
+    import weakref
+
+    def run():
+        model = net()
+        model, wrapped = gradsched.wrap(model, make_opt("adamw", model), policy, policy_options=SMALL[policy],
+                                        profile_rounds=2, replan_every=2, trial_rounds=3)
+        train(model, wrapped, data=batches(12))
+        assert wrapped.stats.plans_adopted >= 2  # several plans, so several layouts, were made
+        grad = model[0].weight.grad
+        wrapped.close()
+        return weakref.ref(model[0].weight), weakref.ref(grad), weakref.ref(wrapped)
+
+    run()  # first use: imports and caches of torch's own
+    gc.collect()
+    gc.disable()
+    try:
+        param, grad, wrapped = run()
+        assert wrapped() is None and param() is None and grad() is None
+    finally:
+        gc.enable()

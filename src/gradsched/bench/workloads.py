@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -157,8 +158,11 @@ class ReplayLayer(nn.Module):
 
     def track_gradients(self) -> None:
         """Register the hooks that keep each gradient buffer for the next iteration."""
+        # The hooks live in the parameters, out of sight of Python's cycle collector: they
+        # must not hold the layer (which holds the parameters), or no model is ever freed.
+        keep = weakref.WeakMethod(self._keep)
         self._hooks = [
-            p.register_post_accumulate_grad_hook(lambda p, i=i: self._keep(i, p)) for i, p in enumerate(self.weights)
+            p.register_post_accumulate_grad_hook(lambda p, i=i: keep()(i, p)) for i, p in enumerate(self.weights)
         ]
 
     def _keep(self, i: int, p: torch.Tensor) -> None:

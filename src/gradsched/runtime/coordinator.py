@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -116,7 +117,7 @@ class Coordinator:
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
                                self.topology.group("control"), self.rank, self.world_size,
                                self.topology.group("buffers"),
-                               settle=lambda: self.exchange.wait_reduced(range(len(self.params)), "all parameters"))
+                               settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"))
         self._handles.append(self.model.register_forward_pre_hook(self._before_root))
         self._handles.append(self.model.register_forward_hook(self._after_root))
         for module in self.model.modules():

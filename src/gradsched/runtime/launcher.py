@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -61,7 +62,9 @@ _ANY_ROUND = "any round"  # what the launcher waits for between rounds
 
 class Launcher:
     def __init__(self, exchange: Exchange, transport: Transport, on_event: Callable[..., None] | None) -> None:
-        self.exchange = exchange
+        # The exchange owns the launcher: a weak reference back, so that no cycle keeps the
+        # exchange (and through it the gradients' flat buffers) alive until a garbage collection.
+        self.exchange: Exchange = weakref.proxy(exchange)
         self.transport = transport
         self.on_event = on_event  # tracing: on_event(kind, **fields), called under the lock
         self.rounds: dict[int, RoundState] = {}
