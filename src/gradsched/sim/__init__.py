@@ -1,11 +1,12 @@
 """The discrete-event simulator: the scheduler core driven by simulated time, and the plans
 the runtime follows, made by the same loop."""
 
-from .cluster import ARCHITECTURES, Cluster, bound
+from .bounds import bound, dependency_bound
+from .cluster import ARCHITECTURES, Cluster
 from .network import make_network
 from .plan_maker import default_ready_times, make_plan
 from .predict import link_cluster, predict, scaled
 from .simulator import SimResult, simulate
 
-__all__ = ["ARCHITECTURES", "Cluster", "SimResult", "bound", "default_ready_times", "link_cluster", "make_network",
-           "make_plan", "predict", "scaled", "simulate"]
+__all__ = ["ARCHITECTURES", "Cluster", "SimResult", "bound", "default_ready_times", "dependency_bound", "link_cluster",
+           "make_network", "make_plan", "predict", "scaled", "simulate"]

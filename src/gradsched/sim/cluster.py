@@ -69,8 +69,3 @@ class Cluster:
             f"{self.workers} workers · {arch} · {format_bandwidth(self.bandwidth_bps)} · "
             f"latency {format_duration(self.latency_s)}{overhead}"
         )
-
-
-def bound(compute_s: float, comm_s: float) -> float:
-    """No schedule beats max(T_compute, T_comm) per iteration."""
-    return max(compute_s, comm_s)

@@ -40,6 +40,7 @@ class Row:
             "bandwidth_gbps": self.bandwidth_gbps,
             "iteration_s": r.iteration_s,
             "bound_s": r.bound_s,
+            "dependency_bound_s": r.dependency_bound_s,
             "ratio_to_bound": r.ratio_to_bound,
             "speedup_vs_fifo": self.speedup_vs_fifo,
             "compute_s": r.compute_s,
@@ -109,6 +110,8 @@ def rows_text(model: ModelTable, rows: Sequence[Row]) -> str:
         out.append(
             f"compute {first.compute_s * 1e3:.1f} ms, communication {first.comm_s * 1e3:.1f} ms, "
             f"bound {first.bound_s * 1e3:.1f} ms"
+            + (f" ({first.dependency_bound_s * 1e3:.1f} ms respecting when gradients exist and are needed)"
+               if first.dependency_bound_s > first.bound_s * 1.005 else "")
         )
         out.append(f"  {'policy':<14} {'iter ms':>9} {'bound ms':>9} {'x bound':>8} {'vs fifo':>8} {'link':>6}")
         for row in group:

@@ -34,7 +34,8 @@ from typing import Any
 from ..core import Scheduler, policy_config
 from ..core.base import PolicyConfig
 from ..models.table import ModelTable
-from .cluster import Cluster, bound
+from .bounds import bound, dependency_bound
+from .cluster import Cluster
 from .driver import Cause, Driver, Launched
 from .events import Event, EventLoop, Kind
 from .network import Segment, make_network
@@ -73,6 +74,7 @@ class SimResult:
     iteration_s: float  # steady-state time per iteration
     compute_s: float  # forward + backward of one worker
     comm_s: float  # all gradient bytes once at link speed
+    dependency_bound_s: float  # the bound that also respects when gradients exist and are needed (sim.bounds)
     link_utilisation: float  # busiest lane's busy fraction over the steady-state window
     iteration_starts: list[float]  # forward start of layer 0, per iteration
     backward_starts: list[float]  # per iteration; steady-state figures are measured between these
@@ -258,6 +260,7 @@ class _Run:
             iteration_s=(hi - lo) / periods,
             compute_s=self.model.compute_s,
             comm_s=self.cluster.comm_time(self.model.gradient_bytes),
+            dependency_bound_s=dependency_bound(self.model, self.cluster.comm_time),
             link_utilisation=utilisation,
             iteration_starts=self.starts,
             backward_starts=starts,
