@@ -211,3 +211,31 @@ def test_prophet_is_never_behind_fifo_and_bytescheduler(model, workers, arch, gb
     best = min(predict(table, cluster, policy_config(p)) for p in ("fifo", "bytescheduler"))
     assert predict(table, cluster, policy_config("prophet")) <= 1.01 * best
     assert predict(table, cluster, policy_config("prophet", floor_bytes=0)) > 1.015 * best  # what the floor fixed
+
+
+def test_priority_pipelines_pushes_and_pulls_with_parameter_servers():
+    """P3: one slice is pushed at a time, and the next push starts as soon as the previous
+    one is done, while its pull is still coming back. So pushes and pulls overlap, and
+    priority is no longer twice fifo's time with servers."""
+    from gradsched.models import model_table
+    from gradsched.sim import default_ready_times, make_plan
+
+    model = model_table("resnet50")
+    cluster = Cluster(2, 3e9, arch="ps", servers=2)
+    r = simulate(model, cluster, "priority", iterations=6)
+    fifo = simulate(model, cluster, "fifo", iterations=6, record=False)
+    assert r.iteration_s < 0.8 * fifo.iteration_s
+    assert r.ratio_to_bound < 1.05
+    records = sorted((m for m in r.messages if m.iteration == 3), key=lambda m: m.launched)
+    overlapping = 0
+    for before, after in zip(records, records[1:]):
+        push, pull = before.segments
+        assert after.launched >= push.end - 1e-12  # never two slices being pushed
+        overlapping += after.launched < pull.end
+    assert overlapping > len(records) // 2
+    # plans say so: messages released by a push done, only with servers
+    tensors = model.tensors()
+    ready = default_ready_times(tensors)
+    ps_plan = make_plan(tensors, ready, policy_config("priority"), arch="ps")
+    assert any(m.after_sent for m in ps_plan.messages)
+    assert not any(m.after_sent for m in make_plan(tensors, ready, policy_config("priority")).messages)

@@ -52,6 +52,10 @@ class FlowControl(ABC):
 
     #: iterations this strategy needs before it behaves as in steady state (profiling)
     warmup_iterations: int = 0
+    #: True: it limits only messages still being sent (with parameter servers, a message
+    #: whose push is done no longer counts while its pull comes back); the engine then
+    #: asks it to select after every ``on_sent`` too. False: until the message finished.
+    until_sent: bool = False
 
     def setup(self, engine: Scheduler) -> None:
         """Called once when the engine is built, after the leaves exist."""
@@ -64,6 +68,10 @@ class FlowControl(ABC):
 
     def on_finished(self, engine: Scheduler, message: Message, now: float) -> None:
         """Called after ``message`` finished and its bytes left the in-flight count."""
+
+    def limited_bytes(self, engine: Scheduler) -> int:
+        """The bytes its window limits: in flight, or (``until_sent``) still being sent."""
+        return engine.unsent_bytes if self.until_sent else engine.in_flight_bytes
 
     @abstractmethod
     def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:

@@ -53,20 +53,23 @@ class CreditWindow(FlowControl):
 
     A leaf larger than the whole window still starts when nothing else is in flight.
     ``fuse_bytes`` > 0 fuses consecutive leaves into one message up to that size;
-    ``max_messages`` also caps how many messages may be in flight at once.
+    ``max_messages`` also caps how many messages may be in flight at once. With
+    ``until_sent`` a message counts only until it is sent (see ``FlowControl.until_sent``).
     """
 
-    def __init__(self, credit_bytes: int, fuse_bytes: int = 0, max_messages: int | None = None) -> None:
+    def __init__(self, credit_bytes: int, fuse_bytes: int = 0, max_messages: int | None = None,
+                 until_sent: bool = False) -> None:
         require(credit_bytes >= 1, f"credit must be >= 1 byte, got {credit_bytes}")
         require(fuse_bytes >= 0, f"fusion size must be >= 0, got {fuse_bytes}")
         require(max_messages is None or max_messages >= 1, f"max_messages must be >= 1, got {max_messages}")
         self.credit_bytes = credit_bytes
         self.fuse_bytes = fuse_bytes
         self.max_messages = max_messages
+        self.until_sent = until_sent
 
     def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
-        in_flight = engine.in_flight_bytes
-        busy = engine.in_flight_count
+        in_flight = self.limited_bytes(engine)
+        busy = engine.unsent_count if self.until_sent else engine.in_flight_count
         credit = self.credit_bytes
         slots = float("inf") if self.max_messages is None else self.max_messages - busy
 

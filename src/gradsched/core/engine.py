@@ -46,8 +46,10 @@ class Scheduler:
 
     Protocol, per iteration: ``begin_iteration(now)`` when the backward pass begins, then
     ``on_ready(tensor, now)`` as each gradient is computed and ``on_finished(message, now)``
-    as each launched message completes. Every call returns a :class:`Decision`.
-    All communication of an iteration must finish before the next one begins.
+    as each launched message completes. Where sending and completing differ (a push to
+    parameter servers, then a pull), ``on_sent(message, now)`` may report the first.
+    Every call returns a :class:`Decision`. All communication of an iteration must finish
+    before the next one begins.
     """
 
     def __init__(self, tensors: Sequence[TensorSpec], policy: Policy) -> None:
@@ -77,6 +79,8 @@ class Scheduler:
         self._next_message = 0
         self._in_flight: dict[int, Message] = {}
         self.in_flight_bytes = 0
+        self._unsent: dict[int, Message] = {}  # in flight and not yet reported sent
+        self.unsent_bytes = 0
         self.iteration = -1
         self.ready_leaves = 0
         self.finished_leaves = 0
@@ -86,6 +90,10 @@ class Scheduler:
     @property
     def in_flight_count(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def unsent_count(self) -> int:
+        return len(self._unsent)
 
     @property
     def in_flight(self) -> list[Message]:
@@ -149,9 +157,21 @@ class Scheduler:
         self.policy.flow.on_ready(self, root.tensor, now)
         return Decision(start=self._launch(now))
 
+    def on_sent(self, message: Message, now: float) -> Decision:
+        """``message`` has been sent (its push is done); its result is still to come."""
+        if message.id not in self._in_flight:
+            raise SchedulerError(f"message {message.id} is not in flight")
+        self._mark_sent(message)
+        return Decision(start=self._launch(now) if self.policy.flow.until_sent else [])
+
+    def _mark_sent(self, message: Message) -> None:
+        if self._unsent.pop(message.id, None) is not None:
+            self.unsent_bytes -= message.nbytes
+
     def on_finished(self, message: Message, now: float) -> Decision:
         if self._in_flight.pop(message.id, None) is None:
             raise SchedulerError(f"message {message.id} is not in flight")
+        self._mark_sent(message)  # finished implies sent, reported or not
         self._timer.finished(message.nbytes, message.launched_at, message.isolated, now)
         self.in_flight_bytes -= message.nbytes
         done = []
@@ -171,15 +191,18 @@ class Scheduler:
             if not group:
                 raise SchedulerError(f"{self.policy.name}: selected an empty message")
             idle = not self._in_flight
+            limited = self.policy.flow.limited_bytes(self)  # before this message
             for task in group:
                 task.start()
             message = Message(self._next_message, tuple(group), self.iteration, now, idle)
             self._next_message += 1
             self._in_flight[message.id] = message
             self.in_flight_bytes += message.nbytes
-            if not idle and self.in_flight_bytes > self.policy.flow.window():
+            self._unsent[message.id] = message
+            self.unsent_bytes += message.nbytes
+            if limited > 0 and limited + message.nbytes > self.policy.flow.window():
                 raise SchedulerError(
-                    f"{self.policy.name}: {self.in_flight_bytes} bytes in flight exceed its window "
+                    f"{self.policy.name}: {limited + message.nbytes} bytes in flight exceed its window "
                     f"of {self.policy.flow.window():.0f}"
                 )
             messages.append(message)

@@ -6,8 +6,9 @@ gradient becomes ready, and a link estimate) and the messages it launches, in la
 order, become a :class:`Plan` (:func:`gradsched.sim.plans.make_plan` makes them). Every
 rank then follows the same plan with its own timing: message k starts once every earlier
 message has started, its own gradients are ready, and the event that released it in the
-plan (a gradient becoming ready, or an earlier message finishing, which is how a credit
-window shows up) has happened locally too. The order is fixed; only the timing is local.
+plan (a gradient becoming ready, an earlier message finishing, which is how a credit
+window shows up, or only being sent, for a window over pushes) has happened locally too.
+The order is fixed; only the timing is local.
 
 A plan is also what rank 0 sends to parameter servers, so it holds plain data only.
 
@@ -37,6 +38,7 @@ class PlannedMessage:
     after_message: int | None  # ... or when this earlier message (index) finished
     launch_s: float  # predicted launch, seconds after the first gradient was ready
     finish_s: float  # predicted completion
+    after_sent: bool = False  # after_message released it when sent (its push done), not finished
 
     @property
     def tensors(self) -> list[str]:

@@ -2,9 +2,9 @@
 
 It walks the plan of each round in order and starts message k as soon as every earlier
 message has started, its gradients are ready on this rank, and the event that released it
-in the plan (a gradient becoming ready, or an earlier message finishing) has happened here
-too. Every rank therefore issues the same operations in the same order: the order comes
-from the plan, never from local timing. A message travels in the range of the plan's flat
+in the plan (a gradient becoming ready, an earlier message finishing or, with parameter
+servers, being sent) has happened here too. Every rank therefore issues the same
+operations in the same order: the order comes from the plan, never from local timing. A message travels in the range of the plan's flat
 buffer that holds its gradients when it has one (:mod:`gradsched.runtime.layout`), else in
 buffers copied together per dtype; completion callbacks copy results back where needed,
 mark gradients reduced and feed the link estimate. The launcher sleeps on the exchange's
@@ -41,6 +41,7 @@ class RoundState:
     launched: int = 0
     in_flight: int = 0
     done: list[bool] = field(default_factory=list)
+    sent: list[bool] = field(default_factory=list)  # reported sent by the transport (parameter servers)
     remaining: dict[int, int] = field(default_factory=dict)  # tensor -> slices not yet reduced
     messages_of: dict[int, list[int]] = field(default_factory=dict)  # tensor -> messages carrying it
     futures: dict[int, torch.futures.Future] = field(default_factory=dict)  # message -> result ready
@@ -151,7 +152,8 @@ class Launcher:
             self._waiting = None
             adopted = ex.versions.for_round(round_index)
             ex.versions.forget_before(round_index)
-            state = RoundState(round_index, adopted, ex.layout(adopted), done=[False] * len(adopted.plan.messages))
+            n = len(adopted.plan.messages)
+            state = RoundState(round_index, adopted, ex.layout(adopted), done=[False] * n, sent=[False] * n)
             for k, message in enumerate(adopted.plan.messages):
                 for name in message.tensors:
                     i = ex.index[name]
@@ -185,7 +187,8 @@ class Launcher:
             return False
         if message.after_tensor is not None and ready[index[message.after_tensor]] < r:
             return False
-        return message.after_message is None or state.done[message.after_message]
+        after = message.after_message
+        return after is None or state.done[after] or (message.after_sent and state.sent[after])
 
     def _launch(self, state: RoundState, k: int, message: PlannedMessage, views: list[torch.Tensor],
                 fused: torch.Tensor | None, idle: bool) -> None:
@@ -200,13 +203,19 @@ class Launcher:
             copied = _Copied([by_dtype[d] for d in sorted(by_dtype, key=str)])
             buffers = [torch.cat(group) for group in copied.groups]
         launched_at = time.perf_counter()
-        reduced = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers)
+        reduced = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
+                                        on_sent=lambda: self._sent(state, k))
         if self.on_event:
             self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at,
                           names=message.tensors)
         # then(): the returned future also covers the copies back, in CUDA stream order
         state.futures[k] = reduced.then(
             lambda future: self._finished(future, state, k, message, buffers, copied, launched_at, idle))
+
+    def _sent(self, state: RoundState, k: int) -> None:
+        with self.exchange.cond:
+            state.sent[k] = True
+            self._wake.notify_all()
 
     def _finished(self, future: torch.futures.Future, state: RoundState, k: int, message: PlannedMessage,
                   buffers: list[torch.Tensor], copied: _Copied | None, launched_at: float, idle: bool) -> None:

@@ -127,6 +127,14 @@ class Waiter:
         self._thread.join(timeout=timeout_s)
 
 
+def _if_done(future: torch.futures.Future, then: Callable[[], None]) -> None:
+    try:
+        future.value()
+    except Exception:  # noqa: BLE001 - reported through the message's own future
+        return
+    then()
+
+
 class PushPull:
     """The worker's transport: push each message to the servers, pull the sum back.
 
@@ -151,6 +159,7 @@ class PushPull:
         # every server answers messages in plan order, so pulls complete in launch order
         self._waiter = Waiter(lambda k, exc: GradschedError(f"push/pull of message {k} with the servers "
                                                             f"{self.servers} failed: {exc}"))
+        self._send_waiter = Waiter()  # when each message's push is done (pushes finish in order too)
         versions.subscribe(self._adopted)
 
     def _adopted(self, adopted: Adopted) -> None:
@@ -170,7 +179,8 @@ class PushPull:
             self._held = [h for h in self._held if not all(w.is_completed() for w in h[0])]
             self._held.append((works, tensors))
 
-    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+               on_sent: Callable[[], None] | None = None) -> Reduced:
         if key.round != self._round:  # the round's first message: announce the round first
             self._round = key.round
             self._header(key.round, key.version)
@@ -182,20 +192,26 @@ class PushPull:
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
                                  f"!= layout {layout}")
-        works, results = [], []
+        sends, receives, results = [], [], []
         for j, buffer in enumerate(buffers):
             buffer.div_(self.workers)
             result = torch.empty_like(buffer)
             for server, (lo, hi) in zip(self.servers, chunks(buffer.numel(), len(self.servers))):
                 if hi > lo:
                     tag = message_tag(key.index, j)
-                    works.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
-                    works.append(dist.irecv(result[lo:hi], src=server, group=self.group, tag=tag))
+                    sends.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
+                    receives.append(dist.irecv(result[lo:hi], src=server, group=self.group, tag=tag))
             results.append(result)
-        return self._waiter.track(works, key.index, results)
+        # Each gloo operation is waited for by one thread only (a wait consumes its
+        # completion): the sends by one waiter, whose future the pulls' waiter then waits for.
+        sent = self._send_waiter.track(sends, key.index)
+        if on_sent is not None:  # a failed send fails the message's future too: reported there
+            sent.add_done_callback(lambda future: _if_done(future, on_sent))
+        return self._waiter.track([sent, *receives], key.index, results)
 
     def close(self, wait: bool) -> None:
-        self._waiter.stop(5.0 if wait else 0.5)
+        self._waiter.stop(5.0 if wait else 0.5)  # it waits for the send waiter's futures: first
+        self._send_waiter.stop(5.0 if wait else 0.5)
         if wait:
             self._header(*STOP)
             if self.rank == 0:

@@ -4,7 +4,9 @@ A transport is told *which* message it reduces (a :class:`MessageKey`: the round
 version of the plan the round follows, the message's index in it) and gets the message's
 buffers, one per dtype, holding this rank's gradients. It returns a future that completes
 when the averages are available, with the tensors that hold them (the buffers themselves,
-for an in-place all-reduce). Dividing by the number of workers is the transport's job, as
+for an in-place all-reduce). A transport that sends before it completes (a push to
+parameter servers, then a pull) also calls ``on_sent`` once this rank's part is sent;
+others never do, and the message counts as sent when it completes. Dividing by the number of workers is the transport's job, as
 in DDP's communication hooks, so that a transport that changes what travels (compression,
 say) decides where the division happens.
 
@@ -14,7 +16,7 @@ say) decides where the division happens.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,8 @@ class MessageKey(NamedTuple):
 
 
 class Transport(Protocol):
-    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+               on_sent: Callable[[], None] | None = None) -> Reduced:
         """Start averaging ``buffers`` over the workers. Messages arrive in plan order,
         rounds in order, on one thread."""
 
@@ -57,7 +60,8 @@ class AllReduce:
         self.group = group
         self.size = dist.get_world_size(group)
 
-    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> Reduced:
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+               on_sent: Callable[[], None] | None = None) -> Reduced:
         results = list(buffers)
         for buffer in results:
             buffer.div_(self.size)

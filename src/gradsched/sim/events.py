@@ -27,10 +27,11 @@ from typing import Any, Callable, NamedTuple
 class Kind(enum.IntEnum):
     """What happens first among events at the same time (smallest first)."""
 
-    COMPLETE = 0  # a message finished: its credit is free before anything else is decided
-    READY = 1  # gradients of a layer became ready
-    FORWARD = 2  # a forward pass may begin (after the backward pass before it ended)
-    BACKWARD = 3  # a backward pass begins
+    SENT = 0  # a message's push is done (parameter servers; its pull is still to come)
+    COMPLETE = 1  # a message finished: its credit is free before anything else is decided
+    READY = 2  # gradients of a layer became ready
+    FORWARD = 3  # a forward pass may begin (after the backward pass before it ended)
+    BACKWARD = 4  # a backward pass begins
 
 
 class Event(NamedTuple):

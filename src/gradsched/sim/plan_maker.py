@@ -72,6 +72,8 @@ def make_plan(
     def handle(event: Event) -> None:
         if event.kind == Kind.READY:
             driver.ready(event.payload)
+        elif event.kind == Kind.SENT:
+            driver.sent(event.payload)
         else:
             driver.complete(event.payload)
 
@@ -109,4 +111,5 @@ class _Recorder:
         self._index[message.id] = len(self.planned)
         slices = tuple((t.tensor.name, t.offset, t.numel) for t in message.tasks)
         self.planned.append(PlannedMessage(slices, message.nbytes, cause.tensor, after,
-                                           message.launched_at - self.origin, transfer.complete - self.origin))
+                                           message.launched_at - self.origin, transfer.complete - self.origin,
+                                           after_sent=cause.sent))

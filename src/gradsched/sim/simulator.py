@@ -161,6 +161,8 @@ class _Run:
         now = event.time
         if event.kind == Kind.COMPLETE:
             self.on_complete(event.payload, now)
+        elif event.kind == Kind.SENT:
+            self.driver.sent(event.payload)
         elif event.kind == Kind.READY:
             for name in self.ready_order[event.payload]:
                 if self.record:
