@@ -2,8 +2,10 @@
 
     gradsched bench ... --json > out.json && python benchmarks/bench_table.py out.json
 
-One row per bandwidth; each cell is "iteration ms (the simulator's prediction) / ratio to
-the bound / speed-up over the reference" (DDP, or fifo with parameter servers); a * marks
+One row per bandwidth: compute and communication alone, the bound max(compute,
+communication) and in brackets the dependency bound where it is higher (when gradients
+exist and are needed: gradsched.sim.bounds); each policy's cell is "iteration ms (the
+simulator's prediction) / ratio to the bound / speed-up over the reference" (DDP, or fifo with parameter servers); a * marks
 a policy that lost its measured trial and ran DDP-style buckets. Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
@@ -19,14 +21,20 @@ def _where(bandwidth_gbps: float | None) -> str:
     return "loopback" if bandwidth_gbps is None else f"{bandwidth_gbps:g}"
 
 
+def _bounds(setting: dict) -> str:
+    """The bound, and after it the dependency bound where that is higher (replay models)."""
+    plain, tight = setting["bound_s"], setting.get("dependency_bound_s")
+    return f"{plain * 1e3:.0f}" + (f" ({tight * 1e3:.0f})" if tight and tight > 1.005 * plain else "")
+
+
 def table(data: dict) -> str:
     results = data["results"]
     reference = "fifo" if data.get("arch") == "ps" else "ddp"
     policies = list(dict.fromkeys(r["policy"] for r in results))
     servers = f" + {data['servers']} servers" if data.get("arch") == "ps" else ""
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')})", "",
-             "| Gbit/s | compute ms | comm ms | " + " | ".join(policies) + " |",
-             "|---:|---:|---:|" + "---:|" * len(policies)]
+             "| Gbit/s | compute ms | comm ms | bound ms | " + " | ".join(policies) + " |",
+             "|---:|---:|---:|---:|" + "---:|" * len(policies)]
     for setting in data["settings"]:
         bandwidth = setting["bandwidth_gbps"]
         cells = []
@@ -38,7 +46,7 @@ def table(data: dict) -> str:
             cells.append(f"{row['iteration_s'] * 1e3:.0f}{predicted} / {row['ratio_to_bound']:.2f}"
                          + (f" / {gain:.2f}x{fell_back}" if gain else fell_back))
         lines.append(f"| {_where(bandwidth)} | {setting['compute_s'] * 1e3:.0f} | {setting['comm_s'] * 1e3:.0f} | "
-                     + " | ".join(cells) + " |")
+                     f"{_bounds(setting)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -226,6 +226,9 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     spec.loader.exec_module(bench_table)
     text = bench_table.table(data)
     assert "| loopback |" in text and "bytescheduler+autotune" in text
+    setting = data["settings"][0]
+    assert setting["dependency_bound_s"] >= setting["bound_s"] * (1 - 1e-9)  # replay: the profile is known
+    assert f"| {setting['bound_s'] * 1e3:.0f}" in text.splitlines()[-1]
     tuned = bench_table.tuning_table(data).splitlines()
     assert len(tuned) == 3 and tuned[2].startswith("| loopback | bytescheduler | partition 4 MiB, credit 16 MiB (")
     final = rows["bytescheduler+autotune"]["iteration_s"] * 1e3
