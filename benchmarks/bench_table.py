@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import sys
 
+from gradsched.sim.bounds import raises_bound
+
 
 def _where(bandwidth_gbps: float | None) -> str:
     return "loopback" if bandwidth_gbps is None else f"{bandwidth_gbps:g}"
@@ -24,7 +26,7 @@ def _where(bandwidth_gbps: float | None) -> str:
 def _bounds(setting: dict) -> str:
     """The bound, and after it the dependency bound where that is higher (replay models)."""
     plain, tight = setting["bound_s"], setting.get("dependency_bound_s")
-    return f"{plain * 1e3:.0f}" + (f" ({tight * 1e3:.0f})" if tight and tight > 1.005 * plain else "")
+    return f"{plain * 1e3:.0f}" + (f" ({tight * 1e3:.0f})" if raises_bound(tight, plain) else "")
 
 
 def table(data: dict) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from ..core import MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..sim import dependency_bound, link_cluster, predict, scaled
+from ..sim.bounds import raises_bound
 from ..units import format_bytes
 from .netns import EmulatedCluster, available
 from .protocol import MARK
@@ -332,7 +333,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
 
 
 def _dependency_note(s: Setting) -> str:
-    if not s.dependency_bound_s or s.dependency_bound_s <= s.bound_s * 1.005:
+    if not raises_bound(s.dependency_bound_s, s.bound_s):
         return ""
     return (f" ({s.dependency_bound_s * 1e3:.1f} ms respecting when gradients exist and are needed: "
             f"best {min(row['iteration_s'] for row in s.rows) / s.dependency_bound_s:.3f}x of it)")

@@ -11,7 +11,6 @@ looks for. With parameter servers the last ranks serve every policy in turn.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import statistics
@@ -156,10 +155,6 @@ def run(config: dict) -> None:
         result = rank.ddp(policy) if policy in ("ddp", "ddp-tuned") else rank.gradsched(policy)
         if result is not None:
             results[policy] = result
-        # Free the last model now: replay layers (and DDP) hold reference cycles, which only
-        # Python's cycle collector frees, and it counts objects, not bytes: without this a
-        # rank grew by a model's worth per policy (12 GB for VGG-16 after five).
-        gc.collect()
     if rank.rank < rank.workers:  # parameter servers have nothing more to serve
         emit("result", policies=results, **rank.baselines())
     dist.destroy_process_group()

@@ -73,6 +73,10 @@ class FlowControl(ABC):
         """The bytes its window limits: in flight, or (``until_sent``) still being sent."""
         return engine.unsent_bytes if self.until_sent else engine.in_flight_bytes
 
+    def limited_count(self, engine: Scheduler) -> int:
+        """The messages its window limits, counted as ``limited_bytes`` counts bytes."""
+        return engine.unsent_count if self.until_sent else engine.in_flight_count
+
     @abstractmethod
     def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
         """Leaves to start now, grouped into messages, in launch order."""

@@ -69,7 +69,7 @@ class CreditWindow(FlowControl):
 
     def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
         in_flight = self.limited_bytes(engine)
-        busy = engine.unsent_count if self.until_sent else engine.in_flight_count
+        busy = self.limited_count(engine)
         credit = self.credit_bytes
         slots = float("inf") if self.max_messages is None else self.max_messages - busy
 

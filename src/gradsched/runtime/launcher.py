@@ -4,11 +4,12 @@ It walks the plan of each round in order and starts message k as soon as every e
 message has started, its gradients are ready on this rank, and the event that released it
 in the plan (a gradient becoming ready, an earlier message finishing or, with parameter
 servers, being sent) has happened here too. Every rank therefore issues the same
-operations in the same order: the order comes from the plan, never from local timing. A message travels in the range of the plan's flat
-buffer that holds its gradients when it has one (:mod:`gradsched.runtime.layout`), else in
-buffers copied together per dtype; completion callbacks copy results back where needed,
-mark gradients reduced and feed the link estimate. The launcher sleeps on the exchange's
-lock and is woken only when what it waits for may have happened.
+operations in the same order: the order comes from the plan, never from local timing. A
+message travels in the range of the plan's flat buffer that holds its gradients when it
+has one (:mod:`gradsched.runtime.layout`), else in buffers copied together per dtype;
+completion callbacks copy results back where needed, mark gradients reduced and feed the
+link estimate. The launcher sleeps on the exchange's lock and is woken only when what it
+waits for may have happened.
 """
 
 from __future__ import annotations

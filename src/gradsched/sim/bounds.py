@@ -28,6 +28,11 @@ from typing import Callable
 from ..models.table import ModelTable
 
 
+def raises_bound(dependency_s: float | None, plain_s: float) -> bool:
+    """Whether the dependency bound is worth showing next to the plain one (> 0.5% above)."""
+    return bool(dependency_s) and dependency_s > 1.005 * plain_s
+
+
 def bound(compute_s: float, comm_s: float) -> float:
     """No schedule beats max(T_compute, T_comm) per iteration."""
     return max(compute_s, comm_s)

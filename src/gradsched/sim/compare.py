@@ -16,6 +16,7 @@ from ..core import policy_config
 from ..core.base import PolicyConfig
 from ..models.table import ModelTable
 from ..units import format_bandwidth
+from .bounds import raises_bound
 from .cluster import Cluster
 from .simulator import SimResult, simulate
 
@@ -111,7 +112,7 @@ def rows_text(model: ModelTable, rows: Sequence[Row]) -> str:
             f"compute {first.compute_s * 1e3:.1f} ms, communication {first.comm_s * 1e3:.1f} ms, "
             f"bound {first.bound_s * 1e3:.1f} ms"
             + (f" ({first.dependency_bound_s * 1e3:.1f} ms respecting when gradients exist and are needed)"
-               if first.dependency_bound_s > first.bound_s * 1.005 else "")
+               if raises_bound(first.dependency_bound_s, first.bound_s) else "")
         )
         out.append(f"  {'policy':<14} {'iter ms':>9} {'bound ms':>9} {'x bound':>8} {'vs fifo':>8} {'link':>6}")
         for row in group:
