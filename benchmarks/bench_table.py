@@ -6,7 +6,10 @@ One row per bandwidth: compute and communication alone, the bound max(compute,
 communication) and in brackets the dependency bound where it is higher (when gradients
 exist and are needed: gradsched.sim.bounds); each policy's cell is "iteration ms (the
 simulator's prediction) / ratio to the bound / speed-up over the reference" (DDP, or fifo with parameter servers); a * marks
-a policy that lost its measured trial and ran DDP-style buckets. Runs with ``--autotune``
+a policy that lost its measured trial and ran DDP-style buckets. Where the JSON has them,
+a column gives how busy the host's CPUs were computing only / communicating only / [through
+the servers /] over the policies' runs (lowest-highest), and with parameter servers a
+column gives the communication alone through the servers (docs/bench.md). Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
 """
@@ -29,16 +32,32 @@ def _bounds(setting: dict) -> str:
     return f"{plain * 1e3:.0f}" + (f" ({tight * 1e3:.0f})" if raises_bound(tight, plain) else "")
 
 
+def _host_cpu(setting: dict, rows: list[dict]) -> str:
+    """CPU busy %: compute only / communication only / [through the servers /] the
+    policies' runs (lowest-highest)."""
+    alone = [setting[k] * 100 for k in ("host_cpu_busy_compute", "host_cpu_busy_comm", "host_cpu_busy_comm_servers")
+             if setting.get(k) is not None]
+    runs = sorted(r["host_cpu_busy"] * 100 for r in rows if r.get("host_cpu_busy") is not None)
+    spread = f"{runs[0]:.0f}-{runs[-1]:.0f}" if runs else "-"
+    return " / ".join(f"{v:.0f}" for v in alone) + f" / {spread}"
+
+
 def table(data: dict) -> str:
     results = data["results"]
     reference = "fifo" if data.get("arch") == "ps" else "ddp"
     policies = list(dict.fromkeys(r["policy"] for r in results))
     servers = f" + {data['servers']} servers" if data.get("arch") == "ps" else ""
+    host = all(s.get("host_cpu_busy_compute") is not None for s in data["settings"])
+    through = all(s.get("comm_servers_s") is not None for s in data["settings"])
+    extra = (["through servers ms"] if through else []) + (["CPU busy %"] if host else [])
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')})", "",
-             "| Gbit/s | compute ms | comm ms | bound ms | " + " | ".join(policies) + " |",
-             "|---:|---:|---:|---:|" + "---:|" * len(policies)]
+             "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "
+             + " | ".join(policies) + " |",
+             "|---:|---:|---:|" + "---:|" * len(extra) + "---:|" + "---:|" * len(policies)]
     for setting in data["settings"]:
         bandwidth = setting["bandwidth_gbps"]
+        rows = [r for r in results if r["bandwidth_gbps"] == bandwidth]
+        measured = ([f"{setting['comm_servers_s'] * 1e3:.0f}"] if through else []) + ([_host_cpu(setting, rows)] if host else [])
         cells = []
         for policy in policies:
             row = next(r for r in results if r["policy"] == policy and r["bandwidth_gbps"] == bandwidth)
@@ -48,7 +67,7 @@ def table(data: dict) -> str:
             cells.append(f"{row['iteration_s'] * 1e3:.0f}{predicted} / {row['ratio_to_bound']:.2f}"
                          + (f" / {gain:.2f}x{fell_back}" if gain else fell_back))
         lines.append(f"| {_where(bandwidth)} | {setting['compute_s'] * 1e3:.0f} | {setting['comm_s'] * 1e3:.0f} | "
-                     f"{_bounds(setting)} | " + " | ".join(cells) + " |")
+                     + "".join(f"{m} | " for m in measured) + f"{_bounds(setting)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,12 +1,17 @@
 """The runtime's overhead against DDP on loopback (no bandwidth limit), real processes.
 
     python benchmarks/runtime_overhead.py [--ranks 2] [--iters 40] [--repeats 3] [--width 1024] [--depth 6]
+                                          [--json FILE]
+    python benchmarks/runtime_overhead.py --table FILE    # the table again, from a --json file
 
 Starts the ranks itself (gloo over 127.0.0.1, one thread each). Every rank trains the same
-MLP with DDP and with each policy, alternating every two iterations so that drift hits all
-alike; each repeat is a fresh set of processes. Printed: the median over repeats of each
-run's median iteration time, its ratio to DDP's, and the plan each policy ended up using
-(after its measured prediction against DDP-style buckets).
+MLP with DDP and with each policy, in rounds: each round runs two iterations of each, one
+after the other, so that drift hits all alike; each repeat is a fresh set of processes.
+Single iterations on a 2-core machine vary by tens of per cent, so the comparison is
+paired: each round gives a ratio (a policy's median over its two iterations / DDP's in the
+same round), and the figure is the median of these ratios over every round of every
+repeat, with their interquartile range. Also printed: the median iteration time, and the
+plan each policy ended up using (after its measured prediction against DDP-style buckets).
 Loopback has no bandwidth limit, so this measures cost, not scheduling gain.
 """
 
@@ -68,18 +73,19 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(0, args.iters, block):
         for name, (model, opt) in runners.items():
             dist.barrier()
+            block_times = []
             for _ in range(block):
                 t0 = time.perf_counter()
                 iteration(model, opt)
-                times[name].append(time.perf_counter() - t0)
+                block_times.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(block_times))
     stats = {}
     for name, (model, opt) in runners.items():
         if name != "ddp":
             stats[name] = opt.stats.as_dict()
             opt.close()
     if rank == 0:
-        medians = {name: statistics.median(ts) for name, ts in times.items()}
-        print(json.dumps({"medians": medians, "stats": stats}))
+        print(json.dumps({"rounds": times, "stats": stats}))
     dist.destroy_process_group()
 
 
@@ -99,6 +105,37 @@ def launch(args: argparse.Namespace) -> dict:
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
+def summary(runs: list[dict]) -> dict:
+    """Per policy: the median iteration time over every round, and the median and quartiles
+    of its per-round ratios to DDP."""
+    out = {}
+    for name in runs[0]["rounds"]:
+        ratios = [p / d for run in runs for p, d in zip(run["rounds"][name], run["rounds"]["ddp"])]
+        q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        out[name] = {"iteration_s": statistics.median(t for run in runs for t in run["rounds"][name]),
+                     "ratio_to_ddp": median, "ratio_q1": q1, "ratio_q3": q3, "rounds": len(ratios)}
+    return out
+
+
+def table(data: dict) -> str:
+    args, figures, stats = data["args"], data["summary"], data["runs"][-1]["stats"]
+    params = (256 * args["width"] + args["width"]) + (args["depth"] - 2) * (args["width"] ** 2 + args["width"]) \
+        + args["width"] * 10 + 10
+    lines = [f"{args['ranks']} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args['batch']}, "
+             f"{args['repeats']} runs x {args['iters'] // 2} rounds",
+             f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s} {'(quartiles)':>15s}  plan in use (trial ms: policy / fifo; predicted)"]
+    for name, f in figures.items():
+        note = ""
+        if name in stats:
+            trial, pred = stats[name].get("trial"), stats[name].get("prediction")
+            measured = f" ({trial['policy_s'] * 1e3:.1f} / {trial['fifo_s'] * 1e3:.1f}" if trial else " (-"
+            guess = f"; {pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ")"
+            note = f"  {stats[name]['plan_policy']}{measured}{guess}"
+        spread = f"({f['ratio_q1']:.3f}-{f['ratio_q3']:.3f})"
+        lines.append(f"  {name:14s} {f['iteration_s'] * 1e3:8.2f} {f['ratio_to_ddp']:6.3f}x {spread:>15s}{note}")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -108,31 +145,29 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--json", metavar="FILE", help="also write every round's figures to FILE")
+    parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)), end="")
+        return
+    if args.iters < 4 or args.repeats < 1:
+        parser.error("--iters must be >= 4 (two rounds) and --repeats >= 1")
     runs = []
     for repeat in range(args.repeats):
         runs.append(launch(args))
-        print(f"repeat {repeat + 1}/{args.repeats}: " + ", ".join(
-            f"{k} {v * 1e3:.1f}" for k, v in runs[-1]["medians"].items()), file=sys.stderr, flush=True)
-    medians = {name: statistics.median(r["medians"][name] for r in runs) for name in runs[0]["medians"]}
-    stats = runs[-1]["stats"]
-    params = (256 * args.width + args.width) + (args.depth - 2) * (args.width**2 + args.width) + args.width * 10 + 10
-    print(f"{args.ranks} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args.batch}, "
-          f"median over {args.repeats} runs of the median of {args.iters} iterations")
-    print(f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s}  plan in use (trial ms: policy / fifo; predicted)")
-    for name, seconds in medians.items():
-        note = ""
-        if name in stats:
-            trial, pred = stats[name].get("trial"), stats[name].get("prediction")
-            measured = f" ({trial['policy_s'] * 1e3:.1f} / {trial['fifo_s'] * 1e3:.1f}" if trial else " (-"
-            guess = f"; {pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ")"
-            note = f"  {stats[name]['plan_policy']}{measured}{guess}"
-        print(f"  {name:14s} {seconds * 1e3:8.2f} {seconds / medians['ddp']:6.3f}x{note}")
-
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("worker", "json", "table")}
+    data = {"args": settings, "summary": summary(runs), "runs": runs}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    print(table(data), end="")
 
 
 if __name__ == "__main__":

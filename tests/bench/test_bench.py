@@ -124,6 +124,25 @@ def test_smoke_run_two_workers(tmp_path):
 
 
 @needs_netns
+def test_parameter_servers_communication_alone_is_limited_by_the_server_link():
+    """2 workers + 1 server at 1 Gbit/s: the server receives (and sends) both workers'
+    gradients over its one link, so pushing and pulling them takes twice a worker's share,
+    measured through the servers and derived from the all-reduce alike."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--arch", "ps", "--servers", "1",
+         "--bandwidth", "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "fifo", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    setting = json.loads(out.stdout)["settings"][0]
+    wire = 2 * 2_101_248 * 4 * 8 / 1e9  # replay-mini's gradient bits, twice, at 1 Gbit/s: 134 ms
+    assert wire * 0.95 < setting["comm_s"] < wire * 1.4
+    assert wire * 0.95 < setting["comm_servers_s"] < wire * 1.6  # plus filling the push/pull pipeline
+    assert 0.0 < setting["host_cpu_busy_comm_servers"] <= 1.0 and 0.0 < setting["host_cpu_busy_compute"] <= 1.0
+    assert leftovers() == []
+
+
+@needs_netns
 def test_balance_finds_where_compute_and_communication_are_equal():
     """replay-mini computes 40 ms; its 8.4 MB of gradients take that long at about 1.7 Gbit/s.
     Calibration starts far from it (0.5 Gbit/s) and the run happens where the two match."""
@@ -220,6 +239,7 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     assert len(tuning["history"]) == 2 and tuning["best_s"] <= tuning["default_s"]
     assert tuning["confirm"]["options"] in [h["options"] for h in tuning["history"]]
     assert all(r["predicted_s"] > 0 for r in rows.values())
+    assert all(0.0 < r["host_cpu_busy"] <= 1.0 for r in rows.values())
     # the README's tables render from this JSON, the tuner's report included
     spec = importlib.util.spec_from_file_location("bench_table", ROOT / "benchmarks" / "bench_table.py")
     bench_table = importlib.util.module_from_spec(spec)
@@ -227,6 +247,7 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     text = bench_table.table(data)
     assert "| loopback |" in text and "bytescheduler+autotune" in text
     setting = data["settings"][0]
+    assert setting["comm_servers_s"] > 0 and 0.0 < setting["host_cpu_busy_comm_servers"] <= 1.0
     assert setting["dependency_bound_s"] >= setting["bound_s"] * (1 - 1e-9)  # replay: the profile is known
     assert f"| {setting['bound_s'] * 1e3:.0f}" in text.splitlines()[-1]
     tuned = bench_table.tuning_table(data).splitlines()

@@ -25,14 +25,14 @@ model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReL
 if rank == victim and rank >= dist.get_world_size() - servers:
     from gradsched.runtime import server as ps_server
 
-    serve_round = ps_server.Server._plan
+    serve_round = ps_server.Server._post_receives
 
-    def plan_then_die(self, version):
+    def receive_then_die(self, version):
         if self.rounds == 24:
             os.kill(os.getpid(), signal.SIGKILL)
         return serve_round(self, version)
 
-    ps_server.Server._plan = plan_then_die
+    ps_server.Server._post_receives = receive_then_die
 x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
 last_ok = time.monotonic()
 steps = 0

@@ -29,7 +29,7 @@ from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
 from .netns import EmulatedCluster, available
-from .protocol import MARK
+from .protocol import COMM_ONLY, COMPUTE_ONLY, MARK, SERVERS_ONLY
 from .workloads import workload
 
 BASELINES = ("ddp", "ddp-tuned")
@@ -128,6 +128,10 @@ class Setting:
     rows: list[dict[str, Any]] = field(default_factory=list)
     calibration: list[dict[str, float]] | None = None  # with --balance: the runs that found the bandwidth
     dependency_bound_s: float | None = None  # replay models: also respecting when gradients exist and are needed
+    cpu_compute: float | None = None  # the host's CPUs busy (0-1) over compute only
+    cpu_comm: float | None = None  # and over communication only
+    comm_servers_s: float | None = None  # parameter servers: communication only, pushed and pulled through them
+    cpu_comm_servers: float | None = None
 
     @property
     def bound_s(self) -> float:
@@ -216,7 +220,12 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
     # with parameter servers every byte is pushed once and pulled once, each server link
     # carrying max(1, W/S) of a worker's share: the same bound as the simulator's
     comm = ring if config.arch == "allreduce" else cluster.comm_time(raw["gradient_bytes"])
-    setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"])
+    host_cpu = raw.get("host_cpu", {})
+    setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"],
+                      cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY))
+    if "comm_servers" in raw:
+        setting.comm_servers_s = statistics.median(raw["comm_servers"])
+        setting.cpu_comm_servers = host_cpu.get(SERVERS_ONLY)
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
     reference = medians.get("fifo") if config.arch == "ps" else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)
@@ -233,6 +242,7 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             "speedup_vs_ddp": reference / medians[policy] if reference and config.arch == "allreduce" else None,
             **({"speedup_vs_fifo": reference / medians[policy] if reference else None} if config.arch == "ps" else {}),
             "predicted_s": None,
+            "host_cpu_busy": host_cpu.get(policy),
             **{k: v for k, v in result.items() if k != "times"},
         }
         if work.table is not None and policy not in BASELINES:  # predict what actually ran
@@ -327,6 +337,8 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
                       "dependency_bound_s": s.dependency_bound_s,
                       "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s,
+                      "host_cpu_busy_compute": s.cpu_compute, "host_cpu_busy_comm": s.cpu_comm,
+                      "comm_servers_s": s.comm_servers_s, "host_cpu_busy_comm_servers": s.cpu_comm_servers,
                       "balance_calibration": s.calibration} for s in settings],
         "results": [row for s in settings for row in s.rows],
     }
@@ -337,6 +349,10 @@ def _dependency_note(s: Setting) -> str:
         return ""
     return (f" ({s.dependency_bound_s * 1e3:.1f} ms respecting when gradients exist and are needed: "
             f"best {min(row['iteration_s'] for row in s.rows) / s.dependency_bound_s:.3f}x of it)")
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
 
 
 def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
@@ -355,9 +371,16 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
                      f" bound {s.bound_s * 1e3:.1f} ms{_dependency_note(s)}; per message {s.latency_s * 1e3:.2f} ms alone,"
                      f" {s.overhead_s * 1e3:.2f} ms pipelined")
+        if s.comm_servers_s is not None:
+            lines.append(f"  through the servers: communication only {s.comm_servers_s * 1e3:.1f} ms"
+                         f" ({s.comm_servers_s / s.comm_s:.2f}x the link's time for these bytes)")
+        busy = [f"{_percent(cpu)} {what}" for cpu, what in ((s.cpu_compute, "computing only"),
+                (s.cpu_comm, "communicating only"), (s.cpu_comm_servers, "through the servers")) if cpu is not None]
+        if busy:
+            lines.append(f"  host CPUs busy: {', '.join(busy)} (the ranks and the network's kernel work share them)")
         versus = f"vs {config.reference}"
         width = max([14] + [len(row["policy"]) for row in s.rows])
-        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10}  plan")
+        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4}  plan")
         for row in s.rows:
             predicted = f"{row['predicted_s'] * 1e3:8.1f}ms" if row.get("predicted_s") else f"{'-':>10}"
             gain = row.get(f"speedup_vs_{config.reference}")
@@ -368,6 +391,6 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
                                          for k, v in tuned.items()) + ")"
             lines.append(f"  {row['policy']:<{width}} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "
-                         f"{speedup} {predicted}  {plan}")
+                         f"{speedup} {predicted} {_percent(row.get('host_cpu_busy')):>4}  {plan}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -4,7 +4,8 @@ Started by the runner (inside a network namespace, or on loopback) with the usua
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``. For every policy it builds the
 workload afresh, warms up and times iterations; then it times the same iterations without
 any communication (compute only) and the communication alone (every gradient byte
-all-reduced among the workers in DDP-sized buckets, no compute). Rank 0
+all-reduced among the workers in DDP-sized buckets, no compute; with parameter servers also
+pushed to the servers and pulled back), noting how busy the host's CPUs were in each. Rank 0
 prints progress lines and one result line, each a JSON object after a marker the runner
 looks for. With parameter servers the last ranks serve every policy in turn.
 """
@@ -27,12 +28,18 @@ import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 from gradsched.core.policies.fifo import assign_buckets
 from gradsched.runtime.plans import tensor_specs
 from gradsched.runtime.probe import probe_link
+from gradsched.runtime.ps import chunks
 
-from .protocol import MARK
+from .host import HostCpu
+from .protocol import COMM_ONLY, COMPUTE_ONLY, MARK, SERVERS_ONLY
 from .workloads import workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
 TRIAL_ROUNDS = 5
+# communication only through servers: the gradients in about this many messages (within
+# 1-16 MiB of float32 each), enough to overlap pushes with pulls, few enough not to time
+# per-message costs
+PS_PIECES, PS_PIECE_MIN, PS_PIECE_MAX = 32, 1 << 18, 1 << 22
 
 
 def emit(kind: str, **fields) -> None:
@@ -40,15 +47,21 @@ def emit(kind: str, **fields) -> None:
         print(MARK + json.dumps({"kind": kind, **fields}), flush=True)
 
 
-def _time(step, iters: int, warmup: int, group=None) -> list[float]:
+def _time(step, iters: int, warmup: int, group=None, cpu: HostCpu | None = None) -> list[float]:
+    """Seconds of each of ``iters`` steps after ``warmup`` untimed ones; ``cpu`` (if given)
+    reads the host's CPU over the timed steps."""
     for _ in range(warmup):
         step()
     dist.barrier(group=group)
+    if cpu is not None:
+        cpu.start()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
+    if cpu is not None:
+        cpu.stop()
     return times
 
 
@@ -76,6 +89,15 @@ class _Rank:
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
         self.iters, self.warmup = config["iters"], config["warmup"]
+        self.phases = len(config["policies"]) + (3 if self.servers else 2)  # the policies, then the baselines
+        self.cpu: dict[str, float | None] = {}  # phase -> the host's CPU busy fraction over its timed steps
+
+    def _timed(self, phase: str, step, iters: int, warmup: int, group=None) -> list[float]:
+        """``_time``, noting how busy the host's CPUs were (by phase: a policy, or a baseline)."""
+        cpu = HostCpu()
+        times = _time(step, iters, warmup, group, cpu)
+        self.cpu[phase] = cpu.busy
+        return times
 
     def fresh(self):
         torch.manual_seed(0)
@@ -91,13 +113,13 @@ class _Rank:
         best = None
         for cap in caps:
             model, opt = self.fresh()
-            times = _time(self.step(DDP(model, bucket_cap_mb=cap), opt),
-                          self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
+            times = self._timed(policy, self.step(DDP(model, bucket_cap_mb=cap), opt),
+                                self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
             if best is None or statistics.median(times) < best[0]:
                 best = (statistics.median(times), cap, times)
         if len(caps) > 1:  # re-measure the winner over the full count
             model, opt = self.fresh()
-            best = (0.0, best[1], _time(self.step(DDP(model, bucket_cap_mb=best[1]), opt), self.iters, 1))
+            best = (0.0, best[1], self._timed(policy, self.step(DDP(model, bucket_cap_mb=best[1]), opt), self.iters, 1))
         return {"times": best[2], "bucket_cap_mb": best[1]}
 
     def gradsched(self, policy: str) -> dict | None:
@@ -115,35 +137,94 @@ class _Rank:
             return None
         # untimed: profiling and the measured arms (the buckets, tuner candidates; see
         # gradsched.control), then one round on the chosen plan
-        times = _time(self.step(model, opt), self.iters, self.warmup + opt.stats.settled_round, self.group)
+        times = self._timed(policy, self.step(model, opt), self.iters, self.warmup + opt.stats.settled_round, self.group)
         stats = opt.stats.as_dict()
         opt.close()
         return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
                 "trial": stats["trial"], "autotune": stats["autotune"]}
 
-    def baselines(self) -> dict:
-        """Compute only (no communication), communication only (every gradient byte
-        all-reduced among the workers in 25 MiB buckets, as DDP sends it, no compute; with
-        parameter servers the runner turns this into the link's rate), and per-message costs
-        (one tiny all-reduce at a time, and many in flight)."""
-        count = len(self.config["policies"])
-        emit("progress", policy="compute only", index=count, total=count + 2)
-        model, opt = self.fresh()
-        compute = _time(self.step(model, opt), self.iters, self.warmup, self.group)
+    def _buckets(self) -> tuple[list[int], int]:
+        """Elements of each 25 MiB bucket, as DDP sends them, and the gradient bytes."""
+        model, _ = self.fresh()
         specs = tensor_specs([n for n, _ in model.named_parameters()], list(model.parameters()))
-        emit("progress", policy="communication only", index=count + 1, total=count + 2)
         by_name = {t.name: t for t in specs}
-        buckets = [torch.zeros(sum(by_name[n].numel for n in bucket))
-                   for bucket in assign_buckets(specs[::-1], 25 << 20, 25 << 20)]
+        sizes = [sum(by_name[n].numel for n in bucket) for bucket in assign_buckets(specs[::-1], 25 << 20, 25 << 20)]
+        return sizes, sum(t.nbytes for t in specs)
+
+    def baselines(self) -> dict | None:
+        """Compute only (no communication); communication only (no compute): every gradient
+        byte in 25 MiB buckets, as DDP sends them, all-reduced among the workers, which gives
+        the link's rate and so the bound; with parameter servers also pushed to the servers
+        and pulled back (``comm_servers``: what this host achieves for that traffic); and
+        per-message costs (one tiny all-reduce at a time, and many in flight). Every rank
+        takes part; a server returns None.
+
+        Through servers the gradients travel in about 32 messages: one 25 MiB bucket would
+        be pushed whole before any of it could be pulled, and time a one-way trip twice."""
+        count, phases = len(self.config["policies"]), self.phases
+        sizes, gradient_bytes = self._buckets()
+        comm_iters = max(3, self.iters // 2)
+        figures = {}
+        if self.servers:
+            emit("progress", policy=SERVERS_ONLY, index=count, total=phases)
+            piece = min(max(sum(sizes) // PS_PIECES, PS_PIECE_MIN), PS_PIECE_MAX)
+            pieces = [min(piece, n - start) for n in sizes for start in range(0, n, piece)]
+            figures["comm_servers"] = self._timed(SERVERS_ONLY, self._push_pull(pieces), comm_iters, 2)
+            if self.rank >= self.workers:
+                return None
+        emit("progress", policy=COMM_ONLY, index=phases - 2, total=phases)
+        buckets = [torch.zeros(n) for n in sizes]
 
         def communicate() -> None:
             for work in [dist.all_reduce(b, group=self.group, async_op=True) for b in buckets]:
                 work.wait()
 
-        comm = _time(communicate, max(3, self.iters // 2), 2, self.group)
+        comm = self._timed(COMM_ONLY, communicate, comm_iters, 2, self.group)
+        emit("progress", policy=COMPUTE_ONLY, index=phases - 1, total=phases)
+        model, opt = self.fresh()
+        compute = self._timed(COMPUTE_ONLY, self.step(model, opt), self.iters, self.warmup, self.group)
         link = probe_link(self.group, tiny_messages=64, repeats=20)  # its per-byte cost is not used
-        return {"compute": compute, "comm": comm, "gradient_bytes": sum(t.nbytes for t in specs),
-                "world_size": self.workers, "latency": link.alone_s, "overhead": link.pipelined_s}
+        return {"compute": compute, "comm": comm, "gradient_bytes": gradient_bytes, "world_size": self.workers,
+                "latency": link.alone_s, "overhead": link.pipelined_s, "host_cpu": self.cpu, **figures}
+
+    def _push_pull(self, sizes: list[int]):
+        """One round of communication only through the parameter servers: every message
+        (``sizes`` elements each, all in flight at once, so that pushing one overlaps pulling
+        the one before, both directions of every link busy) is cut into one chunk per server
+        as gradsched cuts it; each server sums its chunk over the workers and sends it back."""
+        workers, servers = range(self.workers), range(self.workers, self.workers + self.servers)
+        if self.rank in workers:
+            buffers = [(torch.zeros(n), torch.empty(n)) for n in sizes]
+
+            def round_trip() -> None:
+                works = []
+                for tag, (push, pull) in enumerate(buffers):
+                    for server, (lo, hi) in zip(servers, chunks(push.numel(), self.servers)):
+                        if hi > lo:
+                            works += [dist.isend(push[lo:hi], server, tag=tag), dist.irecv(pull[lo:hi], server, tag=tag)]
+                for work in works:
+                    work.wait()
+
+            return round_trip
+        me = self.rank - self.workers
+
+        def serve() -> None:
+            received = {}
+            for tag, n in enumerate(sizes):
+                lo, hi = chunks(n, self.servers)[me]
+                if hi > lo:
+                    received[tag] = [(b, dist.irecv(b, w, tag=tag)) for w in workers for b in [torch.empty(hi - lo)]]
+            sends = []
+            for tag, slots in received.items():
+                total = None
+                for buffer, work in slots:
+                    work.wait()
+                    total = buffer if total is None else total.add_(buffer)
+                sends += [dist.isend(total, w, tag=tag) for w in workers]
+            for work in sends:
+                work.wait()
+
+        return serve
 
 
 def run(config: dict) -> None:
@@ -151,12 +232,13 @@ def run(config: dict) -> None:
     rank = _Rank(config)
     results: dict[str, dict] = {}
     for k, policy in enumerate(config["policies"]):
-        emit("progress", policy=policy, index=k, total=len(config["policies"]) + 2)
+        emit("progress", policy=policy, index=k, total=rank.phases)
         result = rank.ddp(policy) if policy in ("ddp", "ddp-tuned") else rank.gradsched(policy)
         if result is not None:
             results[policy] = result
-    if rank.rank < rank.workers:  # parameter servers have nothing more to serve
-        emit("result", policies=results, **rank.baselines())
+    baselines = rank.baselines()  # the servers take part in communication only
+    if baselines is not None:
+        emit("result", policies=results, **baselines)
     dist.destroy_process_group()
 
 

@@ -192,22 +192,22 @@ class PushPull:
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
                                  f"!= layout {layout}")
-        sends, receives, results = [], [], []
+        # The average comes back into the buffer it was pushed from: a server answers a chunk
+        # only once it received all of it from every worker, so by the time the first byte
+        # of the answer arrives, this rank's send has read the whole chunk.
+        sends, receives = [], []
         for j, buffer in enumerate(buffers):
-            buffer.div_(self.workers)
-            result = torch.empty_like(buffer)
             for server, (lo, hi) in zip(self.servers, chunks(buffer.numel(), len(self.servers))):
                 if hi > lo:
                     tag = message_tag(key.index, j)
                     sends.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
-                    receives.append(dist.irecv(result[lo:hi], src=server, group=self.group, tag=tag))
-            results.append(result)
+                    receives.append(dist.irecv(buffer[lo:hi], src=server, group=self.group, tag=tag))
         # Each gloo operation is waited for by one thread only (a wait consumes its
         # completion): the sends by one waiter, whose future the pulls' waiter then waits for.
         sent = self._send_waiter.track(sends, key.index)
         if on_sent is not None:  # a failed send fails the message's future too: reported there
             sent.add_done_callback(lambda future: _if_done(future, on_sent))
-        return self._waiter.track([sent, *receives], key.index, results)
+        return self._waiter.track([sent, *receives], key.index, list(buffers))
 
     def close(self, wait: bool) -> None:
         self._waiter.stop(5.0 if wait else 0.5)  # it waits for the send waiter's futures: first

@@ -4,8 +4,12 @@ A server serves rounds one at a time. It waits for every worker's header of the 
 (all must name the same round and plan), takes the plan (received from rank 0 when it was
 adopted), posts a receive of its chunk of every message from each worker, and then,
 message by message in plan order (the order every worker pushes in), sums the workers'
-chunks in worker order and sends the sum back to every worker. Workers divided their gradients by
-the number of workers before pushing, so the sum is the average, as with DDP.
+chunks in worker order, divides the sum by the number of workers and sends this average
+back to every worker. (DDP divides before summing; dividing the sum does the same work once
+on a server instead of on every worker, and with two workers gives the same bits.)
+
+The receive buffers of a plan are kept from round to round: a round's answers are all sent
+before the next round's receives are posted.
 
 The optimizer runs on the workers, so any optimizer works, and the server holds no
 parameters: only the buffers of the round it serves.
@@ -36,6 +40,7 @@ class Server:
         self.plans_group = plans_group = topology.group("plans")
         self.timeout = timedelta(seconds=timeout_s)
         self.plans: dict[int, Plan] = {}
+        self._buffers: tuple[int, dict[tuple[int, int], list[torch.Tensor]]] | None = None  # (plan version, buffers)
         self.rounds = 0
         self.bytes_in = 0
         self._plans_done = False
@@ -88,7 +93,7 @@ class Server:
             if announced is None:
                 break
             round_index, version = announced
-            received = self._post_receives(self._plan(version))
+            received = self._post_receives(version)
             headers = self._post_headers()  # after this round's receives: the order NCCL would need
             self._answer(round_index, received)
             self.rounds += 1
@@ -111,23 +116,29 @@ class Server:
             )
         return next(iter(seen.values()))
 
-    def _post_receives(self, plan: Plan) -> dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]:
+    def _post_receives(self, version: int) -> dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]:
         """Receives of this server's chunk of every buffer of every message, from every worker."""
         received = {}
-        for k, message in enumerate(plan.messages):
-            for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
-                lo, hi = chunks(total_numel, len(self.servers))[self.me]
-                if hi == lo:
-                    continue
-                slots = []
-                for w in self.workers:
-                    buffer = torch.empty(hi - lo, dtype=dtype)
-                    slots.append((buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j))))
-                received[(k, j)] = slots
+        for (k, j), buffers in self._receive_buffers(version).items():
+            received[(k, j)] = [(buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j)))
+                                for w, buffer in zip(self.workers, buffers)]
         return received
 
+    def _receive_buffers(self, version: int) -> dict[tuple[int, int], list[torch.Tensor]]:
+        """One buffer per worker for this server's chunk of every (message, dtype) of the plan."""
+        if self._buffers is None or self._buffers[0] != version:
+            buffers = {}
+            for k, message in enumerate(self._plan(version).messages):
+                for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
+                    lo, hi = chunks(total_numel, len(self.servers))[self.me]
+                    if hi > lo:
+                        buffers[(k, j)] = [torch.empty(hi - lo, dtype=dtype) for _ in self.workers]
+            self._buffers = (version, buffers)
+        return self._buffers[1]
+
     def _answer(self, round_index: int, received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]) -> None:
-        """Sum each chunk over the workers, in worker order and plan order, and send it back."""
+        """Average each chunk over the workers (summed in worker order), in plan order, and
+        send it back."""
         sends: list[tuple[dist.Work, torch.Tensor]] = []
         for (k, j), slots in received.items():
             total = None
@@ -135,6 +146,7 @@ class Server:
                 self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
                 total = buffer if total is None else total.add_(buffer)
                 self.bytes_in += buffer.numel() * buffer.element_size()
+            total.div_(len(self.workers))
             for w in self.workers:
                 sends.append((dist.isend(total, dst=w, group=self.group, tag=message_tag(k, j)), total))
         for work, _ in sends:
