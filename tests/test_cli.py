@@ -112,6 +112,8 @@ def test_models_lists_everything(capsys):
         (["simulate", "--arch", "ring"], "invalid choice"),
         (["simulate", "--sweep-bandwidth", "1,2", "--trace", "t.json"], "--trace needs a single bandwidth"),
         (["simulate", "--plot", "/no/such/dir/p.png"], "does not exist"),
+        (["simulate", "--trace", "/"], "is a folder; give a file name"),
+        (["bench", "--loopback", "--plot", "/no/such/dir/p.png"], "--plot /no/such/dir/p.png: folder"),
         (["simulate", "--set", "bytescheduler.credit=1"], "has no option 'credit'"),
         (["simulate", "--set", "credit=1"], "POLICY.OPTION=VALUE"),
         (["simulate", "--policy", "fifo", "--set", "prophet.stage_factor=3"], "not in --policy"),
@@ -129,6 +131,16 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gradsched: error: ")
     assert message in lines[0]
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-0.5"])
+def test_a_profile_with_impossible_times_is_refused(capsys, tmp_path, bad):
+    profile = tmp_path / "p.json"
+    profile.write_text('{"model": "m", "layers": [{"name": "a", "forward_s": %s, "backward_s": 0.001, '
+                       '"params": [{"name": "a.w", "numel": 100}]}]}' % bad)
+    code, out, err = run(capsys, "simulate", "--profile", str(profile))
+    assert code == 2 and out == ""
+    assert "compute times must be finite and >= 0" in err and len(err.strip().splitlines()) == 1
 
 
 def test_malformed_profile_file(capsys, tmp_path):

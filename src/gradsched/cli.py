@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .files import problem_writing
 from .cli_args import Parser, UsageError, bandwidths, parse_sets, split_list
 from .core import POLICIES, policy_config
 from .core.base import PolicyConfig
@@ -110,8 +111,9 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
 
 
 def _writable(path: str | None, flag: str) -> None:
-    if path and not Path(path).resolve().parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {str(Path(path).resolve().parent)!r} does not exist")
+    problem = problem_writing(path) if path else None
+    if problem:
+        raise UsageError(f"{flag} {path}: {problem}")
 
 
 def _progress(enabled: bool):

@@ -1,7 +1,9 @@
 """Worker (or server): train until communication fails; rank 0 reports how it failed and how fast.
 
 The rank named by VICTIM (default 1) kills itself (SIGKILL, no clean-up): a worker after 25
-steps, a parameter server (SERVERS > 0: the last ranks) when it starts its 25th round.
+steps, a parameter server (SERVERS > 0: the last ranks) when it starts its 25th round. With
+HANG=S a worker victim instead stops responding for S seconds (it sleeps, its connections
+open), so the others can only notice through the timeout (TIMEOUT, default 30 s).
 Prints one JSON line per surviving rank."""
 
 import json
@@ -19,6 +21,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 victim = int(os.environ.get("VICTIM", "1"))
 servers = int(os.environ.get("SERVERS", "0"))
+hang_s = float(os.environ.get("HANG", "0"))
 ps = {"architecture": "ps", "servers": servers} if servers else {}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
@@ -38,7 +41,8 @@ last_ok = time.monotonic()
 steps = 0
 try:
     model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler",
-                                policy_options={"partition_bytes": 16384, "credit_bytes": 65536}, timeout=30, **ps)
+                                policy_options={"partition_bytes": 16384, "credit_bytes": 65536},
+                                timeout=float(os.environ.get("TIMEOUT", "30")), **ps)
     while True:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
@@ -46,6 +50,9 @@ try:
         steps += 1
         last_ok = time.monotonic()
         if steps == 25 and rank == victim:
+            if hang_s:
+                time.sleep(hang_s)
+                os._exit(4)  # the others gave up on this rank long ago
             os.kill(os.getpid(), signal.SIGKILL)
 except Exception as exc:  # noqa: BLE001 - the point of the test
     print(json.dumps({"steps": steps, "type": type(exc).__name__, "message": str(exc)[:300],

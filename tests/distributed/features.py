@@ -82,28 +82,37 @@ def compare(model: nn.Module, reference: nn.Module, initial: list[torch.Tensor])
     return {"diff": diff, "moved": moved}
 
 
+# Adam hardly changes its step when every gradient is scaled by a constant, so a wrong
+# divisor (the world size against the ranks that used a parameter, accumulated
+# micro-batches) would pass with Adam alone; plain SGD's step is proportional to it.
+OPTIMIZERS = {"adam": lambda params: torch.optim.Adam(params, lr=1e-2),
+              "sgd": lambda params: torch.optim.SGD(params, lr=0.5)}
+
+
 def run_pair(make, scenario, rank, steps=6, **wrap_kwargs):
-    """Train DDP and every policy with the same loop ``scenario(model, opt, batch, step)``."""
+    """Train DDP and every policy with the same loop ``scenario(model, opt, batch, step)``,
+    with each optimizer; results by "policy/optimizer"."""
     results = {}
-    torch.manual_seed(0)
-    reference = make()
-    initial = [p.detach().clone() for p in reference.parameters()]
-    if not os.environ.get("NO_DDP"):
-        ddp = DDP(reference, find_unused_parameters=wrap_kwargs.get("find_unused_parameters", False))
-        opt = torch.optim.Adam([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
-        for step, batch in enumerate(data(rank, steps, tokens=isinstance(reference, Tied))):
-            scenario(ddp, reference, opt, batch, step, rank, wrapped=False)
-    for policy in POLICIES:
+    for name, optimizer in OPTIMIZERS.items():
         torch.manual_seed(0)
-        model = make()
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-        model, opt = gradsched.wrap(model, opt, policy, policy_options=OPTIONS[policy], profile_rounds=2,
-                                    replan_every=2, fallback=False, **wrap_kwargs)
-        for step, batch in enumerate(data(rank, steps, tokens=isinstance(model, Tied))):
-            scenario(model, model, opt, batch, step, rank, wrapped=True)
-        opt.synchronize()
-        results[policy] = compare(model, reference, initial)
-        opt.close()
+        reference = make()
+        initial = [p.detach().clone() for p in reference.parameters()]
+        if not os.environ.get("NO_DDP"):
+            ddp = DDP(reference, find_unused_parameters=wrap_kwargs.get("find_unused_parameters", False))
+            opt = optimizer([p for p in reference.parameters() if p.requires_grad])
+            for step, batch in enumerate(data(rank, steps, tokens=isinstance(reference, Tied))):
+                scenario(ddp, reference, opt, batch, step, rank, wrapped=False)
+        for policy in POLICIES:
+            torch.manual_seed(0)
+            model = make()
+            opt = optimizer([p for p in model.parameters() if p.requires_grad])
+            model, opt = gradsched.wrap(model, opt, policy, policy_options=OPTIONS[policy], profile_rounds=2,
+                                        replan_every=2, fallback=False, **wrap_kwargs)
+            for step, batch in enumerate(data(rank, steps, tokens=isinstance(model, Tied))):
+                scenario(model, model, opt, batch, step, rank, wrapped=True)
+            opt.synchronize()
+            results[f"{policy}/{name}"] = compare(model, reference, initial)
+            opt.close()
     return results
 
 

@@ -35,11 +35,12 @@ def test_every_policy_matches_ddp_with_parameter_servers(tmp_path, world, server
           policies, optimizers)
 
 
-@pytest.mark.slow
 def test_three_workers_one_server(tmp_path):
+    """A server averaging 3 workers: plain SGD, whose step is proportional to the average
+    (a divisor of 2 or 4 would show), against DDP over the 3 workers."""
     out = tmp_path / "out.json"
-    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "1", "--optimizers", "adam", timeout=240), out,
-          ["fifo", "priority", "bytescheduler", "prophet"], ["adam"])
+    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "1", "--optimizers", "sgd", timeout=240), out,
+          ["fifo", "priority", "bytescheduler", "prophet"], ["sgd"])
 
 
 @pytest.mark.parametrize("victim,what", [(1, "a worker"), (2, "the server")])
@@ -53,4 +54,4 @@ def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
         report = json.loads(r.stdout.strip().splitlines()[-1])
         assert report["type"] == "GradschedError", report
         assert "server" in report["message"], report
-        assert report["seconds_after_last_step"] < 30, report  # within the 30 s timeout, not a hang
+        assert report["seconds_after_last_step"] < 10, report  # as its connections drop (docs/runtime.md)

@@ -141,6 +141,14 @@ def test_wrap_needs_an_initialised_process_group():
         (dict(architecture="ps"), ValueError, "needs servers >= 1"),
         (dict(servers=2), ValueError, "servers only apply to architecture='ps'"),
         (dict(architecture="ps", servers=1), GradschedError, "cannot hold 1 servers and at least one worker"),
+        (dict(profile_rounds="3"), TypeError, "profile_rounds must be int, got '3'"),
+        (dict(timeout="30s"), TypeError, r"timeout must be float \(seconds\), got .30s."),
+        (dict(trace="/no/such/dir/run.json"), ValueError, "trace='/no/such/dir/run.json' folder '/no/such/dir' does not"),
+        (dict(trace="/"), ValueError, "is a folder; give a file name"),
+        (dict(policy="fifo", autotune=True), ValueError, "nothing to tune for policy 'fifo'"),
+        (dict(autotune=True, autotune_space={"partition_bytes": "big"}), ValueError, "LOW:HIGH"),
+        (dict(autotune=True, autotune_space={"credit": "1MiB:2MiB"}), ValueError, "has no option 'credit'"),
+        (dict(autotune_space={"partition_bytes": "1MiB:2MiB"}), ValueError, "pass autotune=True"),
     ],
 )
 def test_invalid_configuration(world_of_one, kwargs, error, match):

@@ -164,7 +164,7 @@ def test_prophet_work_conserving_horizon_beats_the_original_rule():
     cluster = Cluster(workers=16, bandwidth_bps=10e9)
     ours = simulate(table, cluster, "prophet", iterations=12)
     original = simulate(table, cluster, policy_config("prophet", horizon="gap"), iterations=12)
-    assert ours.iteration_s < original.iteration_s
+    assert original.iteration_s / ours.iteration_s > 1.15  # 1.20x: the figure docs/policies.md gives
     assert ours.link_utilisation > original.link_utilisation
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
 from ..cli_args import UsageError, bandwidths, parse_sets, split_list
+from ..files import problem_writing
 from ..units import parse_duration
 from .netns import available
 from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
@@ -79,11 +81,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("the emulated cluster can run here" if usable else f"no emulated cluster here: {why}", file=sys.stderr)
         return 0 if usable else 1
     config = config_from(args)
+    problem = problem_writing(args.plot) if args.plot else None
+    if problem:  # checked now, not after a run of many minutes
+        raise UsageError(f"--plot {args.plot}: {problem}")
+    if args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
+        raise UsageError(f"--trace-dir {args.trace_dir}: is a file; give a folder (created if missing)")
     # a plain `kill` must clean up the namespaces too: turn SIGTERM into an exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.trace_dir:
-        import os
-
         os.makedirs(args.trace_dir, exist_ok=True)
     tty = sys.stderr.isatty()
 

@@ -12,6 +12,7 @@ JSON profile; ``docs/profile-format.md`` documents the format. This module needs
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,9 @@ class ModelTable:
             raise ValueError(f"model {self.name!r} has no parameters: nothing to communicate")
         seen: set[str] = set()
         for layer in self.layers:
-            if layer.forward_s < 0 or layer.backward_s < 0:
-                raise ValueError(f"layer {layer.name!r}: compute times must be >= 0")
+            if not all(0 <= t < math.inf for t in (layer.forward_s, layer.backward_s)):  # NaN fails too
+                raise ValueError(f"layer {layer.name!r}: compute times must be finite and >= 0, got "
+                                 f"forward_s={layer.forward_s!r}, backward_s={layer.backward_s!r}")
             for p in layer.params:
                 if p.name in seen:
                     raise ValueError(f"parameter {p.name!r} appears twice (a shared tensor belongs to one layer)")

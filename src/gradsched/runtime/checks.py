@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
@@ -31,6 +32,25 @@ def check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         raise TypeError(f"gradsched.wrap: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise GradschedError("gradsched.wrap: LBFGS needs a closure over all parameters and cannot update per parameter")
+
+
+def check_options(policy: str, config: RuntimeConfig) -> None:
+    """What the options cannot check alone, checked on every rank before any collective:
+    the trace file can be written (not found out at ``close()``, after the whole run), and
+    online tuning has something to tune, in a valid search space."""
+    if config.trace:
+        problem = problem_writing(config.trace)
+        if problem:
+            raise ValueError(f"gradsched.wrap: trace={config.trace!r} {problem}")
+    if config.autotune_space is not None and not config.autotune:
+        raise ValueError("gradsched.wrap: autotune_space is set but autotune is not; pass autotune=True to tune online")
+    if config.autotune:
+        from ..tune.space import default_space  # not gradsched.tune: that loads Optuna
+
+        try:
+            default_space(policy, config.autotune_space)
+        except ValueError as exc:
+            raise ValueError(f"gradsched.wrap(autotune=True): {exc}") from None
 
 
 def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:

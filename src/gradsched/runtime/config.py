@@ -33,7 +33,8 @@ class RuntimeConfig:
     profile_rounds: int = 3  # backward passes measured (after the first) before the first measured plan
     replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
     fallback: bool = True  # measure the policy against DDP-style buckets (fifo) at the first control point and
-    #   keep the buckets unless the policy is faster by fallback_gain: never meaningfully slower than DDP
+    #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
+    #   slower than DDP's C++ reducer on loopback: README)
     fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another
     trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates); the first and last
     #   of each arm are not counted
@@ -89,7 +90,8 @@ class RuntimeConfig:
                 continue
             kinds = accepted.get(kind, (dict,) if kind == "dict" else (object,))
             if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-                raise TypeError(f"gradsched.wrap: {f.name} must be {f.type}, got {value!r}")
+                unit = " (seconds)" if f.name == "timeout" else ""
+                raise TypeError(f"gradsched.wrap: {f.name} must be {f.type}{unit}, got {value!r}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core import POLICIES, policy_config
-from .checks import check_across_ranks, check_arguments, check_parameters, trainable, warn_stray
+from .checks import check_across_ranks, check_arguments, check_options, check_parameters, trainable, warn_stray
 from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
@@ -78,6 +78,7 @@ def wrap(
         raise ValueError(f"unknown policy {policy!r}; choose from: {', '.join(POLICIES)}")
     scheduling = policy_config(policy, **(policy_options or {}))
     config = RuntimeConfig.from_options(options)
+    check_options(policy, config)
     names, params = trainable(model)
     stray = check_parameters(model, optimizer, names, params, config)
     topology = Topology.create(config)

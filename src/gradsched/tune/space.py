@@ -51,11 +51,8 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if not self.dimensions:
             raise ValueError("search space: no dimension to search")
-        known = {f.name for f in fields(type(policy_config(self.policy)))}
         for dim in self.dimensions:
-            if dim.option not in known:
-                raise ValueError(f"search space: policy {self.policy!r} has no option {dim.option!r}; "
-                                 f"it has: {', '.join(sorted(known))}")
+            _check_option(self.policy, dim.option)
         names = [d.option for d in self.dimensions]
         if len(set(names)) != len(names):
             raise ValueError(f"search space: an option appears twice: {names}")
@@ -93,16 +90,27 @@ def default_space(policy: str, overrides: Mapping[str, str] | None = None) -> Se
         raise ValueError(f"nothing to tune for policy {policy!r}; tunable: {', '.join(DEFAULT_RANGES)}")
     ranges = dict(DEFAULT_RANGES[policy])
     for option, text in (overrides or {}).items():
+        _check_option(policy, option)
         low, colon, high = str(text).partition(":")
         if not colon:
             raise ValueError(f"search space: write {option}=LOW:HIGH, got {text!r}")
         integer = option.endswith("_bytes")
-        parse = parse_bytes if integer else float
-        try:
-            ranges[option] = (parse(low), parse(high), integer)
-        except ValueError as exc:
-            raise ValueError(f"search space: {option}: {exc}") from exc
+        ranges[option] = (_bound(option, low, integer), _bound(option, high, integer), integer)
     return SearchSpace(policy, tuple(Dimension(o, lo, hi, i) for o, (lo, hi, i) in ranges.items()))
+
+
+def _check_option(policy: str, option: str) -> None:
+    known = {f.name for f in fields(type(policy_config(policy)))}
+    if option not in known:
+        raise ValueError(f"search space: policy {policy!r} has no option {option!r}; it has: {', '.join(sorted(known))}")
+
+
+def _bound(option: str, text: str, size: bool) -> float:
+    try:
+        return parse_bytes(text) if size else float(text)
+    except ValueError as exc:
+        detail = exc if size else f"invalid number {text!r}"
+        raise ValueError(f"search space: {option}: {detail}") from None
 
 
 def around(space: SearchSpace, start: Mapping[str, Any], factor: float = 8.0,
