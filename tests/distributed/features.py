@@ -2,7 +2,7 @@
 
     python features.py OUT.json SCENARIO[,SCENARIO...]
 
-Scenarios: unused, frozen, tied, accumulate, clip, checkpoint, world-errors.
+Scenarios: unused, frozen, tied, accumulate, clip, buffers, checkpoint, world-errors.
 Each reports the largest difference to its DDP reference (parameters and buffers) and how
 far the parameters moved, so a test can tell "equal" from "nothing happened".
 """
@@ -68,6 +68,19 @@ class Plain(nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
+class Normed(nn.Module):
+    """BatchNorm: running statistics (buffers) of each rank's own data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(12, 32)
+        self.norm = nn.BatchNorm1d(32)
+        self.c = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.norm(self.a(x))))
+
+
 def data(rank: int, steps: int, tokens: bool = False):
     g = torch.Generator().manual_seed(7 + rank)
     if tokens:
@@ -79,7 +92,8 @@ def compare(model: nn.Module, reference: nn.Module, initial: list[torch.Tensor])
     diff = max((a.double() - b.double()).abs().max().item()
                for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), initial))
-    return {"diff": diff, "moved": moved}
+    buffers = float(sum(b.double().sum() for b in model.buffers() if b.is_floating_point()))
+    return {"diff": diff, "moved": moved, "buffer_sum": buffers}
 
 
 # Adam hardly changes its step when every gradient is scaled by a constant, so a wrong
@@ -98,7 +112,8 @@ def run_pair(make, scenario, rank, steps=6, **wrap_kwargs):
         reference = make()
         initial = [p.detach().clone() for p in reference.parameters()]
         if not os.environ.get("NO_DDP"):
-            ddp = DDP(reference, find_unused_parameters=wrap_kwargs.get("find_unused_parameters", False))
+            ddp = DDP(reference, find_unused_parameters=wrap_kwargs.get("find_unused_parameters", False),
+                      broadcast_buffers=wrap_kwargs.get("broadcast_buffers", True))
             opt = optimizer([p for p in reference.parameters() if p.requires_grad])
             for step, batch in enumerate(data(rank, steps, tokens=isinstance(reference, Tied))):
                 scenario(ddp, reference, opt, batch, step, rank, wrapped=False)
@@ -229,6 +244,19 @@ def world_errors(rank: int) -> dict:
         out["config"] = "no error"
     except GradschedError as exc:
         out["config"] = str(exc)
+    mismatched = {  # rank 1 wraps a model that differs from rank 0's in one way
+        "names": lambda m: nn.Sequential(m.a, nn.ReLU(), m.b, nn.ReLU(), m.c),
+        "shapes": lambda m: setattr(m, "b", nn.Linear(32, 33)) or setattr(m, "c", nn.Linear(33, 4)) or m,
+        "dtypes": lambda m: m.double(),
+    }
+    for case, change in mismatched.items():
+        torch.manual_seed(0)
+        model = Plain() if rank == 0 else change(Plain())
+        try:
+            gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), broadcast_parameters=True)
+            out[case] = "no error"
+        except GradschedError as exc:
+            out[case] = str(exc)
     torch.manual_seed(rank)
     model = Plain()
     model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), broadcast_parameters=True)
@@ -255,6 +283,8 @@ def main() -> None:
             report[name] = run_pair(Plain, accumulate_step, rank)
         elif name == "clip":
             report[name] = run_pair(Plain, clip_step, rank)
+        elif name == "buffers":
+            report[name] = run_pair(Normed, plain_step, rank, broadcast_buffers=False)
         elif name == "checkpoint":
             report[name] = checkpoint(rank)
         elif name == "world-errors":

@@ -20,6 +20,9 @@ from launch import free_port, run_ranks
 TOLERANCE = 1e-5
 
 
+ALL_POLICIES = ("fifo", "priority", "bytescheduler", "prophet")  # train_compare.py's default --policies
+
+
 def load(path: Path):
     return json.loads(path.read_text())
 
@@ -64,8 +67,9 @@ def test_three_ranks_with_random_backward_delays(tmp_path):
     check_ranks(run_ranks("train_compare.py", 3, str(out), "--delays", "--optimizers", "sgd,adamw-groups",
                           timeout=240))
     ranks = load(out)["ranks"]
+    assert sorted(ranks[0]) == sorted(f"{p}/{o}" for p in ALL_POLICIES for o in ("sgd", "adamw-groups"))
     for case, result in ranks[0].items():
-        assert result["max_abs_diff"] <= TOLERANCE, case
+        assert result["max_abs_diff"] <= TOLERANCE and result["moved"] > 1e-2, case
         assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
 
 
@@ -77,6 +81,7 @@ def test_collective_order_is_identical_under_torch_debug_detail(tmp_path):
     check_ranks(run_ranks("train_compare.py", 3, str(out), "--no-ddp", "--delays", "--optimizers", "adam",
                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=240))
     ranks = load(out)["ranks"]
+    assert sorted(ranks[0]) == sorted(f"{p}/adam" for p in ALL_POLICIES)
     for case, result in ranks[0].items():
         assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
 
@@ -89,9 +94,14 @@ def test_the_order_check_catches_a_mismatch():
 
 def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("features.py", 2, str(out), "unused,frozen,tied,accumulate,clip,checkpoint,world-errors",
-                          timeout=240))
-    report = load(out)[0]
+    check_ranks(run_ranks("features.py", 2, str(out),
+                          "unused,frozen,tied,accumulate,clip,buffers,checkpoint,world-errors", timeout=240))
+    ranks = load(out)
+    report = ranks[0]
+    # broadcast_buffers=False: each rank keeps its own BatchNorm statistics, as DDP's option does
+    for case, result in report["buffers"].items():
+        assert all(r["buffers"][case]["diff"] <= TOLERANCE for r in ranks), case
+        assert result["buffer_sum"] != ranks[1]["buffers"][case]["buffer_sum"], case  # not broadcast
     for scenario in ("unused", "frozen", "tied", "accumulate", "clip"):
         # plain SGD as well as Adam: SGD's step shows a wrong divisor, Adam's hardly does
         assert set(report[scenario]) == {f"{p}/{o}" for p in ("fifo", "bytescheduler", "prophet") for o in ("adam", "sgd")}
@@ -104,6 +114,10 @@ def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
     errors = report["world-errors"]
     assert "parameter 'a.weight' differs between rank 0 and rank 1" in errors["values"]
     assert "policy.credit_bytes=8388608 (rank 0: 4194304)" in errors["config"]
+    assert "rank 1 has different parameters than rank 0 ('a.weight' on rank 0 where rank 1 has '0.weight')" in \
+        errors["names"]
+    assert "'b.weight' is (32, 32) torch.float32 on rank 0 and (33, 32) torch.float32 on rank 1" in errors["shapes"]
+    assert "'a.weight' is (32, 12) torch.float32 on rank 0 and (32, 12) torch.float64 on rank 1" in errors["dtypes"]
     assert errors["broadcast_equal"]
 
 
@@ -116,6 +130,25 @@ def test_a_dead_rank_makes_the_others_fail_quickly():
     assert report["type"] == "GradschedError"
     assert report["steps"] >= 24
     assert report["seconds_after_last_step"] < 10  # as its connections drop (docs/runtime.md)
+
+
+def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path):
+    """Fallback on (the default): where the policy measures faster than the buckets it keeps
+    its own plans, after running the buckets' for its trial, and the parameters equal DDP's.
+    The win is measured, so noise can lose it: up to three runs, each checked against DDP."""
+    won = []
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}.json"
+        check_ranks(run_ranks("winning.py", 2, str(out), timeout=120))
+        reports = load(out)
+        for report in reports:
+            assert report["max_abs_diff"] <= TOLERANCE and report["moved"] > 1e-3, report
+            assert report["trial"] == reports[0]["trial"] and report["plan_policy"] == reports[0]["plan_policy"]
+        won.append(not reports[0]["trial"]["use_fifo"])
+        assert reports[0]["plan_policy"] == ("bytescheduler" if won[-1] else "fifo")
+        if won[-1]:
+            break
+    assert won[-1], f"bytescheduler lost its trial in all of {len(won)} runs"
 
 
 def test_a_hung_rank_makes_the_others_fail_after_the_timeout():

@@ -84,7 +84,7 @@ def test_prophet_space_includes_the_stage_threshold():
     assert space.dimensions[2].integer is False and space.dimensions[2].low == 1.5
 
 
-def test_offline_tuning_never_reports_worse_than_the_default_and_approaches_the_grid():
+def test_offline_tuning_never_reports_worse_than_the_default_nor_beats_the_bound():
     table = model_table("resnet50", batch=32)
     cluster = Cluster(16, bandwidth_bps=10e9)
     space = default_space("bytescheduler")
@@ -92,10 +92,23 @@ def test_offline_tuning_never_reports_worse_than_the_default_and_approaches_the_
     assert result.default["options"] == {"partition_bytes": 4 * MiB, "credit_bytes": 16 * MiB}
     assert result.default["iteration_s"] == pytest.approx(simulate_options(table, cluster, "bytescheduler",
                                                                            result.default["options"]))
-    assert result.best["iteration_s"] <= result.default["iteration_s"]
+    assert result.best["iteration_s"] == min(h["iteration_s"] for h in result.history)  # trial 0 included
     assert result.best["iteration_s"] >= result.bound_s * 0.999  # nothing beats the physical limit
     grid = grid_search(table, cluster, space, points=3)
     assert grid["iteration_s"] >= result.bound_s * 0.999
+
+
+def test_offline_tuning_finds_what_a_grid_finds_where_the_default_is_off():
+    """Transformer, 16 workers, 25 Gbit/s: bytescheduler's default options run 4% slower
+    than the best of a 3x3 grid of partition and credit sizes; 8 tuner trials find the
+    grid's best (within 1%)."""
+    table = model_table("transformer", batch=32)
+    cluster = Cluster(16, bandwidth_bps=25e9)
+    space = default_space("bytescheduler")
+    grid = grid_search(table, cluster, space, points=3)["iteration_s"]
+    result = tune_offline(table, cluster, space, trials=8, seed=0)
+    assert result.default["iteration_s"] > grid * 1.03  # there was something to find
+    assert result.best["iteration_s"] <= grid * 1.01
 
 
 def test_cli_tune_json_and_errors(capsys):
@@ -104,7 +117,9 @@ def test_cli_tune_json_and_errors(capsys):
     assert code == 0
     data = json.loads(out)
     assert data["policy"] == "bytescheduler" and len(data["history"]) == 3
-    assert data["best"]["iteration_s"] <= data["default"]["iteration_s"]
+    # the default is the first trial, the best the fastest of all (not true by construction of a <=)
+    assert data["default"]["options"] == data["history"][0]["options"]
+    assert data["best"]["iteration_s"] == min(h["iteration_s"] for h in data["history"])
     assert main(["tune", "--policy", "fifo", "--trials", "3"]) == 2
     assert "nothing to tune" in capsys.readouterr().err
     assert main(["tune", "--space", "partition_bytes", "--trials", "3"]) == 2

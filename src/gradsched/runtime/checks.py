@@ -3,7 +3,6 @@ rank wraps the same model with the same configuration."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from typing import Any, Sequence
@@ -89,10 +88,6 @@ def warn_stray(stray: Sequence[str]) -> None:
         )
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], policy: dict[str, Any],
                        config: RuntimeConfig, group: dist.ProcessGroup, world: int) -> None:
     """Same structure, same configuration and (unless broadcast) same values everywhere."""
@@ -100,7 +95,7 @@ def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], pol
     with torch.no_grad():
         sums = [(float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params]
     mine = {
-        "structure": _digest(json.dumps(structure)),
+        "structure": structure,
         "config": json.dumps({"policy": policy, "runtime": config.fingerprint()}, sort_keys=True),
         "sums": sums,
     }
@@ -110,8 +105,9 @@ def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], pol
     for other_rank, other in enumerate(everyone):
         if other["structure"] != base["structure"]:
             raise GradschedError(
-                f"gradsched.wrap: rank {other_rank} has different parameters (names, shapes or dtypes) "
-                "than rank 0: every rank must wrap the same model"
+                f"gradsched.wrap: rank {other_rank} has different parameters than rank 0 "
+                f"({_structure_difference(base['structure'], other['structure'], other_rank)}): every rank must "
+                "wrap the same model"
             )
         if other["config"] != base["config"]:
             raise GradschedError(f"gradsched.wrap: rank {other_rank} passed a different configuration than rank 0: "
@@ -125,6 +121,17 @@ def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], pol
                     f"gradsched.wrap: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "
                     "the model identically on every rank, or pass broadcast_parameters=True to copy rank 0's"
                 )
+
+
+def _structure_difference(base: list, other: list, rank: int) -> str:
+    """The first parameter whose name, shape or dtype differ, in words."""
+    for (name, shape, dtype), (other_name, other_shape, other_dtype) in zip(base, other):
+        if name != other_name:
+            return f"{name!r} on rank 0 where rank {rank} has {other_name!r}"
+        if (list(shape), dtype) != (list(other_shape), other_dtype):
+            return (f"{name!r} is {tuple(shape)} {dtype} on rank 0 and {tuple(other_shape)} {other_dtype} "
+                    f"on rank {rank}")
+    return f"{len(base)} trainable parameters on rank 0, {len(other)} on rank {rank}"
 
 
 def _differences(ours: dict[str, dict], theirs: dict[str, dict]) -> str:
