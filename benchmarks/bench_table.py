@@ -12,6 +12,11 @@ the servers /] over the policies' runs (lowest-highest), and with parameter serv
 column gives the communication alone through the servers (docs/bench.md). Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
+
+    python benchmarks/bench_table.py --tuning "LABEL=FILE.json" ...
+
+prints one such table for several runs, each row labelled (and DDP's time, placed where
+the label says "{ddp}", or after it), as in docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -80,27 +85,49 @@ def _options(options: dict) -> str:
     return ", ".join(f"{k.removesuffix('_bytes')} {show(v)}" for k, v in options.items())
 
 
-def tuning_table(data: dict) -> str:
-    """One row per autotuned run: start -> kept options, arm times, final times."""
+def tuning_table(data: dict, label: str | None = None) -> str:
+    """One row per autotuned run: start -> kept options, arm times, final times. With a
+    ``label``, the first column names the run and DDP's time instead of the bandwidth."""
     tuned = [r for r in data["results"] if r.get("autotune")]
     if not tuned:
         return ""
-    lines = ["| Gbit/s | policy | starting options (arm ms) | kept options (mean of arms ms) | final ms: as set -> tuned "
-             "| plan run |", "|---:|---|---|---|---|---|"]
+    first = "model (DDP ms)" if label else "Gbit/s"
+    lines = [f"| {first} | policy | starting options (arm ms) | kept options (mean of arms ms) | final ms: as set -> "
+             "tuned | plan run |", f"|{'---' if label else '---:'}|---|---|---|---|---|"]
     for row in tuned:
         tuning, base = row["autotune"], row["policy"].partition("+")[0]
-        plain = next((r for r in data["results"] if r["policy"] == base
-                      and r["bandwidth_gbps"] == row["bandwidth_gbps"]), None)
+        same = [r for r in data["results"] if r["bandwidth_gbps"] == row["bandwidth_gbps"]]
+        plain = next((r for r in same if r["policy"] == base), None)
+        ddp = next((r for r in same if r["policy"] == "ddp"), None)
         start = tuning["history"][0]["options"]
         kept = "the starting ones" if tuning["best_options"] == start else _options(tuning["best_options"])
         before = f"{plain['iteration_s'] * 1e3:.0f} -> " if plain else ""
-        lines.append(f"| {_where(row['bandwidth_gbps'])} | {base} | {_options(start)} ({tuning['default_s'] * 1e3:.0f}) | "
+        where = _where(row["bandwidth_gbps"])
+        if label:  # "{ddp}" in the label marks where DDP's time goes (default: after it)
+            ddp_ms = f"{ddp['iteration_s'] * 1e3:.0f}" if ddp else "-"
+            where = label.replace("{ddp}", ddp_ms) if "{ddp}" in label else f"{label} ({ddp_ms})"
+        buckets = "DDP-style buckets" + (f" ({row['trial']['fifo_s'] * 1e3:.0f} ms in its arm)" if row.get("trial") else "")
+        lines.append(f"| {where} | {base} | {_options(start)} ({tuning['default_s'] * 1e3:.0f}) | "
                      f"{kept} ({tuning['best_s'] * 1e3:.0f}) | {before}{row['iteration_s'] * 1e3:.0f} | "
-                     f"{'DDP-style buckets' if row.get('plan') == 'fifo' else base} |")
+                     f"{buckets if row.get('plan') == 'fifo' else base} |")
     return "\n".join(lines) + "\n"
 
 
+def tuning_summary(labelled: list[tuple[str, dict]]) -> str:
+    """One table of the autotuned runs of several JSON files, each row labelled."""
+    tables = [tuning_table(data, label).splitlines() for label, data in labelled]
+    tables = [t for t in tables if t]
+    return "\n".join(tables[0][:2] + [line for t in tables for line in t[2:]]) + "\n" if tables else ""
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--tuning"]:  # --tuning "LABEL=FILE.json" ...: one table of the tuned runs (docs/tuning.md)
+        runs = []
+        for item in sys.argv[2:]:
+            label, _, path = item.rpartition("=")
+            with open(path) as f:
+                runs.append((label, json.load(f)))
+        print(tuning_summary(runs), end="")
+        raise SystemExit(0)
     for path in sys.argv[1:]:
         with open(path) as f:
             data = json.load(f)

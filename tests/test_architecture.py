@@ -138,3 +138,4 @@ def test_the_readme_layout_names_every_module():
         if path.name not in layout:
             missing.append(str(path.relative_to(SRC)))
     assert missing == [], f"README's layout section does not mention {missing}"
+

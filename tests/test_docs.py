@@ -1,0 +1,41 @@
+"""The measured figures can be checked: each table of the README and docs/tuning.md is
+exactly what a script in benchmarks/ prints from the JSON committed under docs/figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def figure(name: str) -> dict:
+    return json.loads((ROOT / "docs" / "figures" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["bench-replay-resnet50", "bench-replay-transformer", "bench-replay-vgg16-balance",
+                                  "bench-replay-resnet50-ps"])
+def test_the_readme_measured_tables_are_what_their_json_prints(name):
+    assert script("bench_table").table(figure(name)) in README
+
+
+def test_the_readme_overhead_table_is_what_its_json_prints():
+    assert script("runtime_overhead").table(figure("runtime-overhead")) in README
+
+
+def test_the_online_tuning_table_is_what_its_json_prints():
+    runs = [("ResNet-50", figure("tune-online-resnet50")),
+            ("ResNet-50 ({ddp}), poor start, no fallback", figure("tune-online-resnet50-poor-start")),
+            ("Transformer", figure("tune-online-transformer"))]
+    assert script("bench_table").tuning_summary(runs) in (ROOT / "docs" / "tuning.md").read_text()
