@@ -139,12 +139,17 @@ def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path
     won = []
     for attempt in range(3):
         out = tmp_path / f"out{attempt}.json"
-        check_ranks(run_ranks("winning.py", 2, str(out), timeout=120))
+        results = run_ranks("winning.py", 2, str(out), timeout=120)
+        check_ranks(results)
         reports = load(out)
         for report in reports:
             assert report["max_abs_diff"] <= TOLERANCE and report["moved"] > 1e-3, report
             assert report["trial"] == reports[0]["trial"] and report["plan_policy"] == reports[0]["plan_policy"]
         won.append(not reports[0]["trial"]["use_fifo"])
+        trial = reports[0]["trial"]  # the decision is logged on rank 0 (the "gradsched" logger)
+        said = (f"gradsched: measured trial: bytescheduler {trial['policy_s'] * 1e3:.2f} ms, DDP-style buckets "
+                f"{trial['fifo_s'] * 1e3:.2f} ms per iteration: keeping {'bytescheduler' if won[-1] else 'the buckets'}")
+        assert said in results[0].stderr, results[0].stderr[-2000:]
         assert reports[0]["plan_policy"] == ("bytescheduler" if won[-1] else "fifo")
         if won[-1]:
             break

@@ -10,6 +10,7 @@ earlier layers still compute, which on loopback saves most of the all-reduce's t
 """
 
 import json
+import logging
 import sys
 import time
 
@@ -42,6 +43,7 @@ def train(model, opt, rank):
         opt.step()
 
 
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # what it decided
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model, opt = fresh()

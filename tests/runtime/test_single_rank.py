@@ -4,6 +4,7 @@ PyTorch training exactly, and misuse must fail with a message that says how to f
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -64,6 +65,57 @@ def test_updates_equal_plain_training(world_of_one, policy, kind):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert wrapped.stats.rounds == 7 and wrapped.stats.plans_adopted >= 2
     wrapped.close()
+
+
+@pytest.mark.parametrize("policy", list(SMALL))
+def test_step_with_a_closure_is_torch_optims(world_of_one, policy):
+    """step(closure), as trainers call it: the closure runs forward and backward with
+    gradients enabled, its loss is returned, and the updates equal torch.optim's own."""
+
+    def run(model, opt):
+        losses = []
+        for x, y in batches():
+            def closure():
+                opt.zero_grad()
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                return loss
+
+            losses.append(opt.step(closure).item())
+        return losses
+
+    reference = net()
+    expected = run(reference, make_opt("sgd", reference))
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt("sgd", model), policy, policy_options=SMALL[policy],
+                                    profile_rounds=2, replan_every=2)
+    assert run(model, wrapped) == expected
+    wrapped.synchronize()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    wrapped.close()
+
+
+def test_a_closure_without_a_backward_pass_is_refused(world_of_one):
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt("sgd", model), "fifo")
+    x, y = batches(1)[0]
+    with pytest.raises(GradschedError, match=r"step\(closure\): the closure ran no backward pass"):
+        wrapped.step(lambda: nn.functional.cross_entropy(model(x), y))
+    wrapped.close()
+
+
+def test_plan_changes_are_logged(world_of_one, caplog):
+    """Every change of policy is said on the "gradsched" logger at INFO (the measured trial
+    too: with two ranks, tests/distributed/test_distributed.py)."""
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt("sgd", model), "bytescheduler", profile_rounds=2, replan_every=2)
+    with caplog.at_level(logging.INFO, logger="gradsched"):
+        train(model, wrapped, data=batches(10))
+    first = wrapped.stats.as_dict()["switches"][0][0]
+    wrapped.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "gradsched" and r.levelno == logging.INFO]
+    assert said == [f"gradsched: from backward pass {first} on: a bytescheduler plan of 6 messages"]  # re-plans: DEBUG
 
 
 def test_updates_are_deferred_until_the_layer_is_used(world_of_one):

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from .errors import GradschedError
+
 if TYPE_CHECKING:  # pragma: no cover
     from .coordinator import Coordinator
     from .stats import RunStats
@@ -77,13 +79,25 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     # -- the training loop ------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        """Schedule this step's updates (each parameter is updated once its gradient is
+        reduced). With a ``closure``, as torch.optim's optimizers do (and trainers call
+        them): run it first, with gradients enabled (it computes the loss and calls
+        ``backward()``), and return what it returns."""
+        loss = None
         if closure is not None:
-            raise RuntimeError("gradsched: step(closure) is not supported: updates are applied per parameter later")
+            rounds = self._coordinator.round
+            with torch.enable_grad():
+                loss = closure()
+            if self._coordinator.round == rounds:
+                raise GradschedError(
+                    "gradsched: step(closure): the closure ran no backward pass that communicates; it must compute "
+                    "the loss and call backward() on it (outside no_sync()), as torch.optim expects"
+                )
         self._coordinator.step()
         if self._optimizer_step_post_hooks:
             # code hooked after step() (EMA, SWA, logging) reads parameters: update them all now
             self._coordinator.synchronize()
-        return None
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._coordinator.zero_grad(set_to_none)

@@ -152,8 +152,29 @@ class Planner:
         self.trial = proposal.trial or self.trial
         self.tuning = proposal.tuning or self.tuning
         if proposal.plan is not None:
+            previous = self.switches[-1][1] if self.switches else None
             self.exchange.set_plan(proposal.plan, first_round)
             self.switches.append((first_round, proposal.plan.policy))
+            if self.rank == 0:  # every rank adopts the same: said once
+                self._say(proposal, first_round, previous)
+
+    def _say(self, proposal: Proposal, first_round: int, previous: str | None) -> None:
+        """What was decided, on the ``gradsched`` logger: decisions and changes of policy at
+        INFO, routine re-plans at DEBUG."""
+        plan = proposal.plan
+        if proposal.trial is not None:
+            trial = proposal.trial
+            logger.info("gradsched: measured trial: %s %.2f ms, DDP-style buckets %.2f ms per iteration: %s",
+                        self.policy.name, trial.policy_s * 1e3, trial.fifo_s * 1e3,
+                        "keeping the buckets" if trial.use_fifo else f"keeping {self.policy.name}")
+        if proposal.tuning is not None:
+            tuning = proposal.tuning
+            default = f"{tuning.default_s * 1e3:.2f} ms" if tuning.default_s is not None else "not measured"
+            logger.info("gradsched: online tuning kept %s (%.2f ms per iteration; the starting options: %s)",
+                        tuning.best_options, tuning.best_s * 1e3, default)
+        level = logging.INFO if plan.policy != previous else logging.DEBUG
+        logger.log(level, "gradsched: from backward pass %d on: a %s plan of %d messages",
+                   first_round, plan.policy, len(plan.messages))
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def _propose(self, round_index: int, point: ControlPoint) -> Proposal | None:
