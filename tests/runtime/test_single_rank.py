@@ -118,6 +118,31 @@ def test_plan_changes_are_logged(world_of_one, caplog):
     assert said == [f"gradsched: from backward pass {first} on: a bytescheduler plan of 6 messages"]  # re-plans: DEBUG
 
 
+def test_a_measured_profile_round_trips_through_the_simulator(world_of_one, tmp_path, capsys):
+    """"Would it help my model?": the measured table of a real run, written in the profile
+    format, loads in `gradsched simulate` for any cluster."""
+    from gradsched.cli import main
+    from gradsched.models import ModelTable
+
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt("sgd", model), "prophet", policy_options=SMALL["prophet"])
+    with pytest.raises(GradschedError, match="nothing measured yet"):
+        wrapped.export_profile(str(tmp_path / "early.json"))
+    with pytest.raises(ValueError, match="does not exist"):
+        wrapped.export_profile(str(tmp_path / "no" / "such.json"))
+    train(model, wrapped)
+    path = wrapped.export_profile(str(tmp_path / "mine.json"), name="my-mlp")
+    wrapped.close()
+    table = ModelTable.load(path)
+    assert table.name == "my-mlp" and [layer.name for layer in table.layers] == ["0", "2", "4"]  # the Linear layers
+    assert sum(p.numel for layer in table.layers for p in layer.params) == sum(p.numel() for p in model.parameters())
+    assert all(layer.forward_s > 0 and layer.backward_s >= 0 for layer in table.layers)
+    capsys.readouterr()
+    assert main(["simulate", "--profile", path, "--workers", "64", "--bandwidth", "10Gbit", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["policy"] for r in out["results"]} >= {"fifo", "prophet"} and all(r["iteration_s"] > 0 for r in out["results"])
+
+
 def test_updates_are_deferred_until_the_layer_is_used(world_of_one):
     model = net()
     model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "bytescheduler")

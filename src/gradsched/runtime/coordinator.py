@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.base import PolicyConfig
+from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
 from .exchange import Exchange
@@ -292,6 +293,19 @@ class Coordinator:
             self._no_sync -= 1
 
     # -- reporting and teardown ------------------------------------------------------------
+    def export_profile(self, path: str, name: str) -> str:
+        problem = problem_writing(path)
+        if problem:
+            raise ValueError(f"export_profile({path!r}): {problem}")
+        table = self.planner.measured(name)
+        if table is None:
+            raise GradschedError(
+                "export_profile: nothing measured yet: run a few training iterations first (the first backward "
+                "pass warms up; every parameter must get a gradient in the rounds measured)"
+            )
+        table.save(path)
+        return path
+
     def stats(self) -> RunStats:
         plan = self.exchange.plan_for(self.round + 1)
         est = self.exchange.estimator

@@ -115,6 +115,15 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         with self._coordinator.no_sync():
             yield
 
+    def export_profile(self, path: str, name: str = "measured") -> str:
+        """Write this rank's measured per-layer table (forward and backward time of each
+        module, its parameters; the medians of the latest measured backward passes) in the
+        profile format of docs/profile-format.md, and return ``path``. Then
+        ``gradsched simulate --profile PATH --workers 64 --bandwidth 10Gbit`` predicts what
+        each policy would do for this model on a cluster of any size. The times are this
+        machine's, scaled by nothing."""
+        return self._coordinator.export_profile(path, name)
+
     def close(self) -> None:
         """Finish communication, detach every hook and stop the background thread."""
         self._coordinator.close()

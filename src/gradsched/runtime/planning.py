@@ -176,9 +176,19 @@ class Planner:
         logger.log(level, "gradsched: from backward pass %d on: a %s plan of %d messages",
                    first_round, plan.policy, len(plan.messages))
 
+    def _complete_timings(self) -> list[RoundTiming]:
+        """The latest measured rounds (the first one warms up) in which every parameter got a gradient."""
+        return [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
+
+    def measured(self, name: str) -> ModelTable | None:
+        """This rank's measured per-layer table (the medians of the latest complete rounds),
+        or None before there is one."""
+        timings = self._complete_timings()
+        return measured_table(timings, self.owners, self.sizes, name) if timings else None
+
     # -- rank 0 ---------------------------------------------------------------------------------
     def _propose(self, round_index: int, point: ControlPoint) -> Proposal | None:
-        timings = [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
+        timings = self._complete_timings()
         if not timings and point.stage == Stage.REPLAN:  # the first round warms up; rounds with unused
             return None  # parameters are skipped
         ready = _median_ready(timings, self.names) if timings else default_ready_times(self.tensors)
