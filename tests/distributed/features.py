@@ -244,9 +244,13 @@ def world_errors(rank: int) -> dict:
         out["config"] = "no error"
     except GradschedError as exc:
         out["config"] = str(exc)
+    def wider(m: Plain) -> Plain:
+        m.b, m.c = nn.Linear(32, 33), nn.Linear(33, 4)
+        return m
+
     mismatched = {  # rank 1 wraps a model that differs from rank 0's in one way
         "names": lambda m: nn.Sequential(m.a, nn.ReLU(), m.b, nn.ReLU(), m.c),
-        "shapes": lambda m: setattr(m, "b", nn.Linear(32, 33)) or setattr(m, "c", nn.Linear(33, 4)) or m,
+        "shapes": wider,
         "dtypes": lambda m: m.double(),
     }
     for case, change in mismatched.items():

@@ -222,10 +222,9 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
     comm = ring if config.arch == "allreduce" else cluster.comm_time(raw["gradient_bytes"])
     host_cpu = raw.get("host_cpu", {})
     setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"],
-                      cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY))
-    if "comm_servers" in raw:
-        setting.comm_servers_s = statistics.median(raw["comm_servers"])
-        setting.cpu_comm_servers = host_cpu.get(SERVERS_ONLY)
+                      cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
+                      comm_servers_s=statistics.median(raw["comm_servers"]) if "comm_servers" in raw else None,
+                      cpu_comm_servers=host_cpu.get(SERVERS_ONLY))
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
     reference = medians.get("fifo") if config.arch == "ps" else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)

@@ -47,24 +47,6 @@ def emit(kind: str, **fields) -> None:
         print(MARK + json.dumps({"kind": kind, **fields}), flush=True)
 
 
-def _time(step, iters: int, warmup: int, group=None, cpu: HostCpu | None = None) -> list[float]:
-    """Seconds of each of ``iters`` steps after ``warmup`` untimed ones; ``cpu`` (if given)
-    reads the host's CPU over the timed steps."""
-    for _ in range(warmup):
-        step()
-    dist.barrier(group=group)
-    if cpu is not None:
-        cpu.start()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    if cpu is not None:
-        cpu.stop()
-    return times
-
-
 def _stepper(model, optimizer, load, loss_fn):
     batch = load()
 
@@ -93,9 +75,19 @@ class _Rank:
         self.cpu: dict[str, float | None] = {}  # phase -> the host's CPU busy fraction over its timed steps
 
     def _timed(self, phase: str, step, iters: int, warmup: int, group=None) -> list[float]:
-        """``_time``, noting how busy the host's CPUs were (by phase: a policy, or a baseline)."""
+        """Seconds of each of ``iters`` steps after ``warmup`` untimed ones, noting how busy
+        the host's CPUs were over the timed steps (by phase: a policy, or a baseline)."""
+        for _ in range(warmup):
+            step()
+        dist.barrier(group=group)
         cpu = HostCpu()
-        times = _time(step, iters, warmup, group, cpu)
+        cpu.start()
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        cpu.stop()
         self.cpu[phase] = cpu.busy
         return times
 
