@@ -27,6 +27,7 @@ _EXPORTS = {
     "ModelTable": "gradsched.models",
     "model_table": "gradsched.models",
     "wrap": "gradsched.runtime",
+    "DistributedDataParallel": "gradsched.runtime",
     "GradschedError": "gradsched.runtime",
     "ScheduledOptimizer": "gradsched.runtime",
 }

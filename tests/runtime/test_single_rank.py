@@ -136,7 +136,9 @@ def test_a_measured_profile_round_trips_through_the_simulator(world_of_one, tmp_
     table = ModelTable.load(path)
     assert table.name == "my-mlp" and [layer.name for layer in table.layers] == ["0", "2", "4"]  # the Linear layers
     assert sum(p.numel for layer in table.layers for p in layer.params) == sum(p.numel() for p in model.parameters())
-    assert all(layer.forward_s > 0 and layer.backward_s >= 0 for layer in table.layers)
+    # a layer of microseconds may measure 0 once the time it waited for its update is taken off
+    assert all(layer.forward_s >= 0 and layer.backward_s >= 0 for layer in table.layers)
+    assert sum(layer.forward_s for layer in table.layers) > 0
     capsys.readouterr()
     assert main(["simulate", "--profile", path, "--workers", "64", "--bandwidth", "10Gbit", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

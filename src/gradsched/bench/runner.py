@@ -55,6 +55,7 @@ class BenchConfig:
     arch: str = "allreduce"  # or "ps": ``servers`` more ranks, each in its own namespace
     servers: int = 0
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
+    clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
     balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
     #   by calibration runs starting from bandwidths_bps[0]
 
@@ -85,6 +86,8 @@ class BenchConfig:
         if self.balance and (len(self.bandwidths_bps) != 1 or self.bandwidths_bps[0] is None or self.loopback):
             raise ValueError("--balance finds one bandwidth on the emulated network, starting from --bandwidth: "
                              "drop --sweep-bandwidth and --loopback")
+        if not self.clip >= 0:
+            raise ValueError(f"--clip must be a norm >= 0 (0: no clipping rows), got {self.clip}")
         if self.autotune_trials == 1 or self.autotune_trials < 0:
             raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
@@ -96,7 +99,8 @@ class BenchConfig:
 
     @property
     def runs(self) -> list[str]:
-        """What is measured, in order: each policy, followed by its autotuned run."""
+        """What is measured, in order: each policy, followed by its autotuned run and its
+        run with clipping."""
         from ..tune.space import DEFAULT_RANGES
 
         runs = []
@@ -104,6 +108,8 @@ class BenchConfig:
             runs.append(policy)
             if self.autotune_trials and policy in DEFAULT_RANGES:
                 runs.append(policy + "+autotune")
+            if self.clip and policy != "ddp-tuned":
+                runs.append(policy + "+clip")
         return runs
 
     @property
@@ -153,6 +159,7 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
         "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
+        "clip": config.clip,
     })
     port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -244,7 +251,9 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             "host_cpu_busy": host_cpu.get(policy),
             **{k: v for k, v in result.items() if k != "times"},
         }
-        if work.table is not None and policy not in BASELINES:  # predict what actually ran
+        base, _, variant = policy.partition("+")
+        # predict what actually ran (the simulator does not model clipping's wait for every reduction)
+        if work.table is not None and base not in BASELINES and variant != "clip":
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset

@@ -47,12 +47,14 @@ def emit(kind: str, **fields) -> None:
         print(MARK + json.dumps({"kind": kind, **fields}), flush=True)
 
 
-def _stepper(model, optimizer, load, loss_fn):
+def _stepper(model, optimizer, load, loss_fn, clip: float = 0.0):
     batch = load()
 
     def step() -> None:
         optimizer.zero_grad()
         loss_fn(model(batch[0]), batch[1]).backward()
+        if clip:  # the same call under DDP and gradsched: it reads every reduced gradient
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
 
     return step
@@ -96,8 +98,9 @@ class _Rank:
         model = self.work.build()
         return model, self.work.optimizer(model)
 
-    def step(self, model, opt):
-        return _stepper(model, opt, self.load, self.work.loss)
+    def step(self, model, opt, policy: str = ""):
+        clip = self.config.get("clip", 0.0) if policy.endswith("+clip") else 0.0
+        return _stepper(model, opt, self.load, self.work.loss, clip)
 
     def ddp(self, policy: str) -> dict:
         """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured."""
@@ -105,7 +108,7 @@ class _Rank:
         best = None
         for cap in caps:
             model, opt = self.fresh()
-            times = self._timed(policy, self.step(DDP(model, bucket_cap_mb=cap), opt),
+            times = self._timed(policy, self.step(DDP(model, bucket_cap_mb=cap), opt, policy),
                                 self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
             if best is None or statistics.median(times) < best[0]:
                 best = (statistics.median(times), cap, times)
@@ -129,7 +132,8 @@ class _Rank:
             return None
         # untimed: profiling and the measured arms (the buckets, tuner candidates; see
         # gradsched.control), then one round on the chosen plan
-        times = self._timed(policy, self.step(model, opt), self.iters, self.warmup + opt.stats.settled_round, self.group)
+        times = self._timed(policy, self.step(model, opt, policy), self.iters, self.warmup + opt.stats.settled_round,
+                            self.group)
         stats = opt.stats.as_dict()
         opt.close()
         return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
@@ -225,7 +229,7 @@ def run(config: dict) -> None:
     results: dict[str, dict] = {}
     for k, policy in enumerate(config["policies"]):
         emit("progress", policy=policy, index=k, total=rank.phases)
-        result = rank.ddp(policy) if policy in ("ddp", "ddp-tuned") else rank.gradsched(policy)
+        result = rank.ddp(policy) if policy.partition("+")[0] in ("ddp", "ddp-tuned") else rank.gradsched(policy)
         if result is not None:
             results[policy] = result
     baselines = rank.baselines()  # the servers take part in communication only

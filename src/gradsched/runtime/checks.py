@@ -17,7 +17,7 @@ from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
 
 
-def check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def check_arguments(model: nn.Module) -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise GradschedError(
             "gradsched.wrap needs torch.distributed: call torch.distributed.init_process_group(...) first "
@@ -25,6 +25,9 @@ def check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"gradsched.wrap: model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, ScheduledOptimizer):
         raise GradschedError("gradsched.wrap: this optimizer is already wrapped")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -63,18 +66,23 @@ def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
     return names, params
 
 
-def check_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],
-                     params: Sequence[nn.Parameter], config: RuntimeConfig) -> list[str]:
-    """Raise for what cannot work; return the trainable parameters the optimizer lacks."""
+def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None:
+    """Raise for trainable parameters gradsched cannot communicate."""
     if not params:
         raise GradschedError("gradsched.wrap: the model has no trainable parameters")
+    if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
+        raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
+                             "use architecture='allreduce' for CUDA parameters")
+
+
+def stray_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],
+                     params: Sequence[nn.Parameter]) -> list[str]:
+    """Raise if the optimizer holds parameters outside the model; return the trainable
+    parameters it lacks."""
     model_ids = {id(p) for p in model.parameters()}
     foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in model_ids)
     if foreign:
         raise GradschedError(f"gradsched.wrap: the optimizer holds {foreign} parameters that are not in the model")
-    if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
-        raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
-                             "use architecture='allreduce' for CUDA parameters")
     known = {id(p) for g in optimizer.param_groups for p in g["params"]}
     return [n for n, p in zip(names, params) if id(p) not in known]
 

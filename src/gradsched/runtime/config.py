@@ -36,6 +36,8 @@ class RuntimeConfig:
     #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
     #   slower than DDP's C++ reducer on loopback: README)
     fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another
+    bucket_cap_mb: float = 25.0  # size cap (MiB) of the DDP-style buckets the fallback measures and keeps, as
+    #   DDP's option of the same name (its first bucket is 1 MiB, as DDP's)
     trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates); the first and last
     #   of each arm are not counted
 
@@ -76,6 +78,7 @@ class RuntimeConfig:
             (self.architecture != "ps" or self.servers >= 1, f"architecture='ps' needs servers >= 1, got {self.servers}"),
             (self.architecture != "allreduce" or not self.servers, "servers only apply to architecture='ps'"),
             (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
+            (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
         ]
         for ok, message in checks:
             if not ok:

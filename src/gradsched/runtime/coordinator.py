@@ -27,6 +27,7 @@ from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
 from .exchange import Exchange
+from .inflight import Handover, plain
 from .planning import Planner, initial_plan
 from .plans import PlanVersions, tensor_specs
 from .profiling import RoundTiming
@@ -42,7 +43,7 @@ class Coordinator:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         names: Sequence[str],
         params: Sequence[nn.Parameter],
         policy: PolicyConfig,
@@ -68,7 +69,8 @@ class Coordinator:
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
         self._new_round = True  # the next gradient starts a new round
         self._no_sync = 0
-        self.updates = DeferredUpdates(optimizer, self.params, self.names, self.exchange, self.trace)
+        self.handover = Handover(self.params, self.exchange)
+        self.updates = DeferredUpdates(optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
         self._timing = RoundTiming()  # of the latest forward pass and the backward pass after it
         self._globally_unused: set[int] = set()
         self._ran: set[int] = set()  # modules whose forward ran since the root's
@@ -139,17 +141,18 @@ class Coordinator:
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use optimizer.no_sync() for backward passes that should not communicate"
             )
+        grad = plain(p.grad)
         home = self._homes.get(i)
         if home is not None:
-            if p.grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
-                home.copy_(p.grad)
-                p.grad = home
-        elif not p.grad.is_contiguous():
-            p.grad = p.grad.contiguous()
+            if grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
+                home.copy_(grad)
+                grad = home
+        elif not grad.is_contiguous():
+            grad = grad.contiguous()
         self._timing.ready[self.names[i]] = now
         if self.trace:
             self.trace.ready(self.round, self.names[i], now, backward_from=self._timing.forward_end)
-        self.exchange.mark_ready(i, p.grad, self.round)
+        self.handover.hand_over(i, grad, self.round)
 
     def _start_round(self, now: float) -> None:
         self.round += 1
@@ -163,6 +166,11 @@ class Coordinator:
         self._close_round()
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
+        else:  # a gradient no step claimed would have the next backward pass added to it on the wire
+            unclaimed = [i for i in range(len(self.params)) if self.exchange.in_flight(i)
+                         and not self.updates.pending(i) and i not in self._globally_unused]
+            if unclaimed:
+                self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         if self.config.broadcast_buffers and self.world_size > 1:
             self._broadcast_buffers()
         self._ran.clear()
@@ -233,9 +241,10 @@ class Coordinator:
                 self.updates.flush(i)
                 home = self._homes.get(i)
                 zeros = home.zero_() if home is not None else torch.zeros_like(p)
-                if i not in self._globally_unused:
-                    p.grad = zeros
-                self.exchange.mark_ready(i, zeros, self.round)
+                if i in self._globally_unused:
+                    self.exchange.mark_ready(i, zeros, self.round)
+                else:
+                    self.handover.hand_over(i, zeros, self.round)
         self._detect_orphans()
 
     def _detect_orphans(self) -> None:
@@ -270,13 +279,38 @@ class Coordinator:
             self.updates.request_step(with_grad, snapshot)
         self.planner.control_point(self.round)
 
+    def bind(self, optimizer: torch.optim.Optimizer) -> None:
+        """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
+        self.optimizer = self.updates.optimizer = optimizer
+
     def zero_grad(self, set_to_none: bool) -> None:
         self.updates.request_zero(set_to_none)
         # parameters the optimizer knows but gradsched does not communicate (frozen ones)
-        for group in self.optimizer.param_groups:
+        for group in self.optimizer.param_groups if self.optimizer is not None else []:
             for p in group["params"]:
                 if id(p) not in self.index:
                     clear_grad(p, set_to_none)
+
+    def clip_grad_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                       foreach: bool | None) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
+        self._require_gradients("clip_grad_norm_")
+        self.exchange.wait_reduced(range(len(self.params)), "all gradients (clip_grad_norm_)")
+        self.exchange.order_after_reduction(range(len(self.params)))
+        self.handover.settle(range(len(self.params)))
+        return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
+                                              error_if_nonfinite, foreach)
+
+    def clip_grad_value(self, clip_value: float) -> None:
+        """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
+        self._require_gradients("clip_grad_value_")
+        if not clip_value >= 0:
+            raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
+        self.handover.clip_value(float(clip_value))
+
+    def _require_gradients(self, what: str) -> None:
+        if self.round == 0:
+            raise GradschedError(f"{what}: no backward pass has run yet: clip after loss.backward(), before step()")
 
     def synchronize(self) -> None:
         if self._closed:

@@ -108,6 +108,19 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         ``GradScaler`` step, logging gradient norms, evaluating outside ``model(...)``."""
         self._coordinator.synchronize()
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        foreach: bool | None = None) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the model's reduced gradients, returning the
+        total norm. Call it after ``backward()`` (after ``GradScaler.unscale_`` with AMP) and
+        before ``step()``. It waits for every reduction, so the next forward pass cannot
+        overlap communication any more (docs/runtime.md, "Clipping")."""
+        return self._coordinator.clip_grad_norm(max_norm, norm_type, error_if_nonfinite, foreach)
+
+    def clip_grad_value_(self, clip_value: float) -> None:
+        """``torch.nn.utils.clip_grad_value_`` over the model's gradients, without waiting:
+        each gradient is clamped to ``[-clip_value, clip_value]`` once it is reduced."""
+        self._coordinator.clip_grad_value(clip_value)
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients locally without communicating (the

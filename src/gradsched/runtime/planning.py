@@ -218,7 +218,11 @@ class Planner:
 
     def _with(self, options: dict | None) -> PolicyConfig:
         """The policy with ``options`` (None: DDP-style buckets)."""
-        return FifoConfig() if options is None else dataclasses.replace(self.policy, **options)
+        return self._buckets() if options is None else dataclasses.replace(self.policy, **options)
+
+    def _buckets(self) -> FifoConfig:
+        """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``."""
+        return FifoConfig(bucket_cap_bytes=max(1, int(self.config.bucket_cap_mb * (1 << 20))))
 
     def _prediction(self, timings: list[RoundTiming], link: tuple) -> Prediction | None:
         """The simulator's view of the measured trial, on the probed link (or the estimate)."""
@@ -274,7 +278,7 @@ class Planner:
 
     def _simulate_both(self, table: ModelTable, latency: float, per_byte: float, overhead: float) -> tuple[float, float]:
         cluster = ring_cluster(self.world_size, per_byte, latency, overhead)
-        return predict(table, cluster, self.policy), predict(table, cluster, FifoConfig())
+        return predict(table, cluster, self.policy), predict(table, cluster, self._buckets())
 
 
 def _median_ready(timings: Sequence[RoundTiming], names: Sequence[str]) -> dict[str, float]:

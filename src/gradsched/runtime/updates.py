@@ -17,19 +17,22 @@ from typing import Any, Sequence
 import torch
 
 from .exchange import Exchange
+from .inflight import Handover
 from .tracing import RunTrace
 
 Snapshot = list[dict[str, Any]]  # hyper-parameters of every group at step() time
 
 
 class DeferredUpdates:
-    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], names: Sequence[str],
-                 exchange: Exchange, trace: RunTrace | None) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer: torch.optim.Optimizer | None, params: Sequence[torch.Tensor],
+                 names: Sequence[str], exchange: Exchange, handover: Handover, trace: RunTrace | None) -> None:
+        self.optimizer = optimizer  # None until a model wrapped before its optimizer sees it step
         self.params = list(params)
         self.names = list(names)
         self.exchange = exchange
+        self.handover = handover
         self.trace = trace
+        self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
         self.cuda = any(p.is_cuda for p in self.params)
         self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
         self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
@@ -54,14 +57,17 @@ class DeferredUpdates:
             if self.exchange.in_flight(i) or i in self.update:
                 self.zero[i] = set_to_none
             else:
+                self.handover.settle([i])
                 clear_grad(p, set_to_none)
 
     def wait_and_apply(self, indices: Sequence[int], what: str) -> None:
         """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
         started = time.perf_counter()
-        self.exchange.wait_reduced(list(indices), what)
+        indices = list(indices)
+        self.exchange.wait_reduced(indices, what)
         if self.cuda:  # the CPU has seen the reductions; the GPU must see them before the update
             self.exchange.order_after_reduction(range(len(self.params)))
+        self.handover.settle(indices)
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
         self.apply(sorted({i for i in [*self.update, *self.zero] if not self.exchange.in_flight(i)}))
@@ -72,6 +78,7 @@ class DeferredUpdates:
 
     def apply(self, indices: Sequence[int]) -> None:
         """Apply the pending updates of ``indices`` (grouped by snapshot), then their zeroing."""
+        self.handover.settle(indices)
         by_snapshot: dict[int, tuple[Snapshot, list[int]]] = {}
         for i in indices:
             snapshot = self.update.pop(i, None)
@@ -95,9 +102,11 @@ class DeferredUpdates:
             saved.append((group["params"], {k: group[k] for k in values}))
             group["params"] = [p for p in group["params"] if id(p) in chosen]
             group.update(values)
+        self.applying = True
         try:
             self.optimizer.step()
         finally:
+            self.applying = False
             for group, (params, values) in zip(self.optimizer.param_groups, saved):
                 group["params"] = params
                 group.update(values)

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core import POLICIES, policy_config
-from .checks import check_across_ranks, check_arguments, check_options, check_parameters, trainable, warn_stray
+from .checks import (check_across_ranks, check_arguments, check_optimizer, check_options, check_parameters,
+                     stray_parameters, trainable, warn_stray)
 from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
@@ -62,7 +63,7 @@ def wrap(
         **options: any field of :class:`gradsched.runtime.RuntimeConfig`, where each is
             documented: ``find_unused_parameters``, ``broadcast_buffers``,
             ``broadcast_parameters``, ``profile_rounds``, ``replan_every``, ``fallback``,
-            ``fallback_gain``, ``trial_rounds``, ``autotune``, ``autotune_trials``,
+            ``fallback_gain``, ``bucket_cap_mb``, ``trial_rounds``, ``autotune``, ``autotune_trials``,
             ``autotune_seed``, ``autotune_space``, ``architecture``, ``servers``,
             ``exit_server``, ``timeout``, ``trace``.
 
@@ -71,7 +72,21 @@ def wrap(
     the training loop after it runs on workers only (``exit_server=False`` returns
     ``(model, None)`` instead).
     """
-    check_arguments(model, optimizer)
+    check_optimizer(optimizer)
+    coordinator = start(model, optimizer, policy, policy_options, options)
+    if coordinator is None:  # a parameter server, done serving (exit_server=False)
+        return model, None
+    wrapped = ScheduledOptimizer(optimizer, coordinator)
+    weakref.finalize(wrapped, _WRAPPED.discard, model)
+    return model, wrapped
+
+
+def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str,
+          policy_options: dict[str, Any] | None, options: dict[str, Any]) -> Coordinator | None:
+    """Check everything, agree with the other ranks and attach a coordinator to ``model``
+    (applying ``optimizer``, or, if None, the one bound later). On a parameter server:
+    serve, then exit (or return None with ``exit_server=False``)."""
+    check_arguments(model)
     if model in _WRAPPED:
         raise GradschedError("gradsched.wrap: this model is already wrapped; close the other optimizer first")
     if policy not in POLICIES:
@@ -80,7 +95,8 @@ def wrap(
     config = RuntimeConfig.from_options(options)
     check_options(policy, config)
     names, params = trainable(model)
-    stray = check_parameters(model, optimizer, names, params, config)
+    check_parameters(params, config)
+    stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     topology = Topology.create(config)
     with failing_rank("gradsched.wrap: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone, topology.world_size)
@@ -89,24 +105,23 @@ def wrap(
             for p in params:
                 dist.broadcast(p.data, src=0, group=topology.group("data"))
     if topology.is_server:
-        return _serve(model, names, params, config, topology)
+        _serve(model, names, params, config, topology)
+        return None
     if topology.rank == 0:
         warn_stray(stray)
     coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology)
     _WRAPPED.add(model)
     _OPEN.add(coordinator)
-    wrapped = ScheduledOptimizer(optimizer, coordinator)
-    weakref.finalize(wrapped, _WRAPPED.discard, model)
-    return model, wrapped
+    return coordinator
 
 
 def _serve(model: nn.Module, names: list[str], params: list[nn.Parameter], config: RuntimeConfig,
-           topology: Topology) -> tuple[nn.Module, None]:
+           topology: Topology) -> None:
     """A parameter server's whole life: serve, then leave (or return, with exit_server=False)."""
     dtype_of = {n: p.dtype for n, p in zip(names, params)}
     Server(topology, dtype_of, config.timeout).run()
     topology.release()
     if not config.exit_server:
-        return model, None
+        return
     dist.destroy_process_group()
     sys.exit(0)

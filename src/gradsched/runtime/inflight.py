@@ -1,0 +1,91 @@
+"""Gradients still on the wire, as the user's code sees them.
+
+gradsched does not wait at the end of ``backward()``: a gradient may still be being reduced
+when the next line of the training script runs. So that no code ever computes on a partial
+sum, every gradient handed to the exchange is left in ``param.grad`` as an
+:class:`InFlightGrad`: the same memory, but any torch operation on it (``clip_grad_norm_``,
+``GradScaler.unscale_``, ``grad.norm()``, printing it) first waits for that gradient's
+reduction. Once the training thread has seen the reduction complete, ``param.grad`` is the
+plain tensor again, so the optimizer and later reads pay nothing.
+
+Gradient clipping by value is deferred the same way: each gradient is clamped when its
+reduction is first seen complete (:meth:`Handover.clip_value`), not waited for at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .exchange import Exchange
+
+
+class InFlightGrad(torch.Tensor):
+    """A gradient whose reduction may not be complete; any operation on it waits for it."""
+
+    _gradsched_plain: torch.Tensor
+    _gradsched_wait: Callable[[], None]
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        def plain(x: Any) -> Any:
+            if isinstance(x, InFlightGrad):
+                x._gradsched_wait()
+                return x._gradsched_plain
+            return x
+
+        args, kwargs = tree_map(plain, (args, kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def plain(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor under an :class:`InFlightGrad` (without waiting), or ``t`` itself."""
+    return t._gradsched_plain if isinstance(t, InFlightGrad) else t
+
+
+class Handover:
+    """Puts handed-over gradients in ``param.grad`` as :class:`InFlightGrad` and turns them
+    back into plain tensors, applying any deferred value clipping, once reduced."""
+
+    def __init__(self, params: Sequence[torch.Tensor], exchange: Exchange) -> None:
+        self.params = list(params)
+        self.exchange = exchange
+        self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
+
+    def hand_over(self, i: int, grad: torch.Tensor, round_index: int) -> None:
+        """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``."""
+        marked = grad.as_subclass(InFlightGrad)
+        marked._gradsched_plain = grad
+        marked._gradsched_wait = lambda: self.wait(i)
+        self.params[i].grad = marked
+        self.exchange.mark_ready(i, grad, round_index)
+
+    def wait(self, i: int) -> None:
+        """Block until gradient ``i`` is reduced, then settle it."""
+        self.exchange.wait_reduced([i], f"the gradient of {self.exchange.tensors[i].name!r}")
+        self.exchange.order_after_reduction([i])
+        self.settle([i])
+
+    def settle(self, indices: Sequence[int]) -> None:
+        """These gradients are reduced and seen so: plain tensors again, clamped if asked."""
+        for i in indices:
+            p = self.params[i]
+            if isinstance(p.grad, InFlightGrad):
+                p.grad = p.grad._gradsched_plain
+            value = self.clamps.pop(i, None)
+            if value is not None and p.grad is not None:
+                p.grad.clamp_(-value, value)
+
+    def clip_value(self, value: float) -> None:
+        """Clamp every gradient to ``[-value, value]``: those reduced now, the others once
+        their reduction is seen complete."""
+        for i, p in enumerate(self.params):
+            if self.exchange.in_flight(i):
+                self.clamps[i] = min(value, self.clamps.get(i, value))
+            else:
+                self.settle([i])
+                if p.grad is not None:
+                    p.grad.clamp_(-value, value)

@@ -1,0 +1,161 @@
+"""gradsched.DistributedDataParallel in one process (a real gloo group of one rank): the model
+is wrapped before its optimizer exists, and training must equal plain PyTorch exactly;
+DDP's options and misuse give one clear error each."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import gradsched
+from gradsched.runtime import GradschedError
+from gradsched.runtime.inflight import InFlightGrad
+
+from test_single_rank import SMALL, batches, net
+
+
+def loss_of(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def script(model, clip=None):
+    """A plain PyTorch loop: optimizer and LR scheduler built after the wrap, a closure every
+    third step, torch's own clipping."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    losses = []
+    for k, batch in enumerate(batches()):
+        if k % 3 == 0:
+            def closure():
+                optimizer.zero_grad()
+                loss = loss_of(model, batch)
+                loss.backward()
+                return loss
+            losses.append(optimizer.step(closure).item())
+        else:
+            optimizer.zero_grad()
+            loss_of(model, batch).backward()
+            if clip:
+                clip(model)
+            optimizer.step()
+        scheduler.step()
+    return optimizer, losses
+
+
+@pytest.mark.parametrize("policy", list(SMALL))
+def test_equals_plain_pytorch_with_the_optimizer_built_after_the_wrap(world_of_one, policy):
+    reference = net()
+    _, reference_losses = script(reference, clip=lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.3))
+    model = gradsched.DistributedDataParallel(net(), policy=policy, policy_options=SMALL[policy], fallback=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the LR scheduler must not see step() overridden or skipped
+        optimizer, losses = script(model, clip=lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.3))
+    assert losses == reference_losses
+    assert model.optimizer is not None and model.optimizer.wrapped is optimizer
+    state = model.state_dict()
+    assert list(state) == [f"module.{k}" for k in reference.state_dict()]
+    for k, v in reference.state_dict().items():
+        assert torch.equal(state[f"module.{k}"], v), k
+    assert optimizer.state_dict()["state"].keys() == set(range(6))
+    model.close()
+
+
+def test_checkpoints_load_both_ways(world_of_one):
+    ddp_style = {f"module.{k}": v + 1.0 for k, v in net().state_dict().items()}
+    model = gradsched.DistributedDataParallel(net())
+    model.load_state_dict(ddp_style)
+    assert all(torch.equal(model.module.state_dict()[k[7:]], v) for k, v in ddp_style.items())
+    plain = net()
+    plain.load_state_dict({k[7:]: v for k, v in model.state_dict().items()})
+    assert torch.equal(plain[0].weight, model.module[0].weight)
+    model.close()
+
+
+def test_gradients_on_the_wire_read_as_reduced(world_of_one):
+    """Right after backward, .grad may still be in flight; any read waits for it and gives
+    the reduced value, after which .grad is a plain tensor again."""
+    model = gradsched.DistributedDataParallel(net(), policy="bytescheduler", fallback=False)
+    loss_of(model, batches(1)[0]).backward()
+    grads = [p.grad for p in model.parameters()]
+    norm = torch.stack([g.norm() for g in grads]).norm()
+    assert all(type(p.grad) is torch.Tensor for p in model.parameters())
+    reference = net()
+    loss_of(reference, batches(1)[0]).backward()
+    assert torch.equal(norm, torch.stack([p.grad.norm() for p in reference.parameters()]).norm())
+    model.close()
+
+
+def test_clip_value_is_applied_once_each_gradient_is_reduced(world_of_one):
+    reference = net()
+    loss_of(reference, batches(1)[0]).backward()
+    torch.nn.utils.clip_grad_value_(reference.parameters(), 0.01)
+    model = gradsched.DistributedDataParallel(net(), policy="prophet", fallback=False)
+    loss_of(model, batches(1)[0]).backward()
+    model.clip_grad_value_(0.01)
+    total = model.clip_grad_norm_(1e9)  # waits for all, clips nothing, returns the norm
+    assert torch.equal(total, torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9))
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    model.close()
+
+
+def test_the_policy_comes_from_the_environment_when_not_given(world_of_one, monkeypatch):
+    monkeypatch.setenv("GRADSCHED_POLICY", "prophet")
+    model = gradsched.DistributedDataParallel(net())
+    assert model.stats.policy == "prophet"
+    model.close()
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"bucket_cap_mbb": 10}, TypeError, "did you mean 'bucket_cap_mb'"),
+    ({"mixed_precision": object()}, GradschedError, "mixed_precision= is not supported"),
+    ({"process_group": object()}, GradschedError, "only the default process group"),
+    ({"device_ids": [0]}, GradschedError, "device_ids=\\[0\\] must name the one device"),
+    ({"dim": 1}, GradschedError, "dim=1"),
+    ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be > 0"),
+    ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
+    ({"exit_server": False}, ValueError, "exit_server=False is for gradsched.wrap"),
+])
+def test_bad_ddp_options_give_one_clear_error(world_of_one, options, error, match):
+    with pytest.raises(error, match=match):
+        gradsched.DistributedDataParallel(net(), **options)
+
+
+def test_ddp_options_with_no_effect_are_accepted(world_of_one):
+    model = gradsched.DistributedDataParallel(net(), device_ids=None, static_graph=True, gradient_as_bucket_view=True,
+                                              check_reduction=False, bucket_cap_mb=1, mixed_precision=None)
+    model.close()
+
+
+def test_misuse_gives_one_clear_error_each(world_of_one):
+    model = gradsched.DistributedDataParallel(net(), policy="bytescheduler")
+    with pytest.raises(GradschedError, match="clip_grad_norm_: no backward pass has run yet"):
+        model.clip_grad_norm_(1.0)
+    with pytest.raises(GradschedError, match="clip_grad_value_: no backward pass has run yet"):
+        model.clip_grad_value_(1.0)
+    with pytest.raises(GradschedError, match="takes no DDP communication hook"):
+        model.register_comm_hook(None, lambda state, bucket: None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GradschedError, match="ran no backward pass"):
+        optimizer.step(lambda: None)
+    loss_of(model, batches(1)[0]).backward()
+    with pytest.raises(ValueError, match="clip_value must be >= 0"):
+        model.clip_grad_value_(-1.0)
+    second = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.step()
+    with pytest.raises(GradschedError, match="a second optimizer steps this model's parameters"):
+        second.step()
+    torch.optim.SGD(net().parameters(), lr=0.1).step()  # an optimizer of another model is left alone
+    model.close()
+
+
+def test_lbfgs_is_refused_when_it_first_steps(world_of_one):
+    model = gradsched.DistributedDataParallel(net())
+    optimizer = torch.optim.LBFGS(model.parameters())
+    with pytest.raises(GradschedError, match="LBFGS"):
+        optimizer.step(lambda: loss_of(model, batches(1)[0]))
+    model.close()
