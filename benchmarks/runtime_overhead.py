@@ -1,7 +1,7 @@
 """The runtime's overhead against DDP on loopback (no bandwidth limit), real processes.
 
     python benchmarks/runtime_overhead.py [--ranks 2] [--iters 40] [--repeats 3] [--width 1024] [--depth 6]
-                                          [--json FILE]
+                                          [--compile] [--json FILE]
     python benchmarks/runtime_overhead.py --table FILE    # the table again, from a --json file
 
 Starts the ranks itself (gloo over 127.0.0.1, one thread each). Every rank trains the same
@@ -57,9 +57,10 @@ def worker(args: argparse.Namespace) -> None:
         model = make()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if name == "ddp":
-            runners[name] = (DDP(model), opt)
+            model = DDP(model)
         else:
-            runners[name] = gradsched.wrap(model, opt, name)
+            model, opt = gradsched.wrap(model, opt, name)
+        runners[name] = (torch.compile(model) if args.compile else model, opt)
 
     def iteration(model, opt):
         opt.zero_grad()
@@ -121,8 +122,9 @@ def table(data: dict) -> str:
     args, figures, stats = data["args"], data["summary"], data["runs"][-1]["stats"]
     params = (256 * args["width"] + args["width"]) + (args["depth"] - 2) * (args["width"] ** 2 + args["width"]) \
         + args["width"] * 10 + 10
+    compiled = ", every model torch.compile'd" if args.get("compile") else ""
     lines = [f"{args['ranks']} ranks, loopback, MLP {params / 1e6:.1f}M parameters, batch {args['batch']}, "
-             f"{args['repeats']} runs x {args['iters'] // 2} rounds",
+             f"{args['repeats']} runs x {args['iters'] // 2} rounds{compiled}",
              f"  {'':14s} {'iter ms':>8s} {'vs ddp':>7s} {'(quartiles)':>15s}  plan in use (trial ms: policy / fifo; predicted)"]
     for name, f in figures.items():
         note = ""
@@ -145,6 +147,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (after DDP / the wrap)")
     parser.add_argument("--json", metavar="FILE", help="also write every round's figures to FILE")
     parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""The measured figures can be checked: each table of the README and docs/tuning.md is
+"""The measured figures can be checked: each table of the README, docs/tuning.md and docs/runtime.md is
 exactly what a script in benchmarks/ prints from the JSON committed under docs/figures."""
 
 from __future__ import annotations
@@ -30,8 +30,14 @@ def test_the_readme_measured_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in README
 
 
+@pytest.mark.parametrize("name", ["bench-clip-resnet50", "bench-clip-resnet50-own-plans"])
+def test_the_clipping_tables_of_the_runtime_docs_are_what_their_json_prints(name):
+    assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "runtime.md").read_text()
+
+
 def test_the_readme_overhead_table_is_what_its_json_prints():
     assert script("runtime_overhead").table(figure("runtime-overhead")) in README
+    assert script("runtime_overhead").table(figure("runtime-overhead-compile")) in README
 
 
 def test_the_online_tuning_table_is_what_its_json_prints():

@@ -107,3 +107,18 @@ def test_gradscheds_clipping_calls_equal_torchs_under_ddp(tmp_path, gradsched_cl
     for policy in ("fifo", "prophet"):
         ours = train(gradsched_clipping_script, tmp_path / f"{policy}.pt", "--amp", *extra, policy=policy)
         assert differences(ours, reference) <= TOLERANCE, policy
+
+
+def test_a_compiled_model_equals_ddp_with_compile(tmp_path):
+    """torch.compile (aot_eager: dynamo and AOT autograd, without codegen, to stay fast here)
+    before and after the wrap, every policy, against DDP + compile: equal within TOLERANCE."""
+    import json
+
+    out = tmp_path / "out.json"
+    for r in run_ranks("compiled.py", 2, str(out), timeout=300):
+        assert r.returncode == 0, r.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["moved"] > 1e-2
+    assert len(report["cases"]) == 2 * len(POLICIES)
+    for case, difference in report["cases"].items():
+        assert difference <= TOLERANCE, case

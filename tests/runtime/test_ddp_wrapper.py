@@ -159,3 +159,19 @@ def test_lbfgs_is_refused_when_it_first_steps(world_of_one):
     with pytest.raises(GradschedError, match="LBFGS"):
         optimizer.step(lambda: loss_of(model, batches(1)[0]))
     model.close()
+
+
+def test_graph_breaks_under_compile_are_the_hooks_only(world_of_one):
+    """At most one graph break per forward hook gradsched adds (each layer's wait for its
+    update, and the root's two), none inside them: the hooks run untraced. (A container's
+    loop may fold several into one: this Sequential shows 2.)"""
+    import torch._dynamo
+
+    x = batches(1)[0][0]
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(net())(x).graph_break_count == 0
+    model = gradsched.DistributedDataParallel(net())
+    explained = torch._dynamo.explain(model)(x)
+    layers = sum(1 for m in model.module.modules() if list(m.parameters(recurse=False)))
+    assert 0 < explained.graph_break_count <= layers + 2
+    model.close()

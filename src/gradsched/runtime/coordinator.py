@@ -121,11 +121,14 @@ class Coordinator:
                                self.topology.group("control"), self.rank, self.world_size,
                                self.topology.group("buffers"),
                                settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"))
-        self._handles.append(self.model.register_forward_pre_hook(self._before_root))
-        self._handles.append(self.model.register_forward_hook(self._after_root))
+        # The hooks wait on other threads and read clocks: under torch.compile they run as
+        # they are, each one graph break, instead of being traced (docs/runtime.md, "torch.compile")
+        untraced = torch.compiler.disable
+        self._handles.append(self.model.register_forward_pre_hook(untraced(self._before_root)))
+        self._handles.append(self.model.register_forward_hook(untraced(self._after_root)))
         for module in self.model.modules():
             if module in hooked:
-                self._handles.append(module.register_forward_pre_hook(self._before_module))
+                self._handles.append(module.register_forward_pre_hook(untraced(self._before_module)))
         self._handles.append(self.model.register_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
         self._handles.append(self.model.register_load_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
 
@@ -172,7 +175,7 @@ class Coordinator:
             if unclaimed:
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         if self.config.broadcast_buffers and self.world_size > 1:
-            self._broadcast_buffers()
+            self.broadcast_buffers()
         self._ran.clear()
         self._forward_ran = True
         self._new_round = True
@@ -348,7 +351,7 @@ class Coordinator:
                         est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction, planner.trial,
                         planner.tuning, list(planner.switches))
 
-    def _broadcast_buffers(self) -> None:
+    def broadcast_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b is not None]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for b in buffers:

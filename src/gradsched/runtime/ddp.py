@@ -98,7 +98,7 @@ class DistributedDataParallel(nn.Module):
     ) -> None:
         super().__init__()
         policy = policy or os.environ.get("GRADSCHED_POLICY") or "bytescheduler"
-        _check_ddp_options(module, device_ids, output_device, dim, process_group, options)
+        options = _runtime_options(module, device_ids, output_device, dim, process_group, options)
         options = dict(options, find_unused_parameters=find_unused_parameters,
                        broadcast_buffers=broadcast_buffers is not False, broadcast_parameters=init_sync)
         if bucket_cap_mb is not None:
@@ -109,11 +109,13 @@ class DistributedDataParallel(nn.Module):
             raise ValueError("gradsched.DistributedDataParallel: exit_server=False is for gradsched.wrap; here a "
                              "parameter server ends its process once the workers are done")
         self.module = module
-        coordinator = start(module, None, policy, policy_options, options)  # a server never returns
-        assert coordinator is not None
+        # on a parameter server rank (architecture="ps"), start() serves and ends the process
+        coordinator = start(module, None, policy, policy_options, options)
+        if coordinator is None:  # pragma: no cover - exit_server=False was refused above
+            raise GradschedError("gradsched.DistributedDataParallel: a parameter server returned")
         self._binder = _Binder(coordinator)
         if init_sync and coordinator.world_size > 1:
-            coordinator._broadcast_buffers()  # DDP copies rank 0's buffers at construction too
+            coordinator.broadcast_buffers()  # DDP copies rank 0's buffers at construction too
         _BINDERS.add(self._binder)
         _register_hook()
         weakref.finalize(self, _WRAPPED.discard, module)
@@ -257,13 +259,14 @@ def _before_any_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
     return None
 
 
-def _check_ddp_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
-                       process_group: Any, options: dict[str, Any]) -> None:
+def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
+                     process_group: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Check DDP's arguments; return the keyword options that are gradsched's."""
     where = "gradsched.DistributedDataParallel"
     for name, default in _UNSUPPORTED.items():
-        if name in options:
-            if options.pop(name) is not default:
-                raise GradschedError(f"{where}: DDP's option {name}= is not supported")
+        if name in options and options[name] is not default:
+            raise GradschedError(f"{where}: DDP's option {name}= is not supported")
+    options = {k: v for k, v in options.items() if k not in _UNSUPPORTED}
     known = {f for f in RuntimeConfig.__dataclass_fields__}
     for name in options:
         if name not in known:
@@ -281,3 +284,4 @@ def _check_ddp_options(module: nn.Module, device_ids: list | None, output_device
         if len(listed) != 1 or wanted != devices:
             raise GradschedError(f"{where}: {name}={given!r} must name the one device the module is on "
                                  f"({', '.join(map(str, sorted(devices, key=str)))}), as one process per device")
+    return options
