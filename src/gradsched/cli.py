@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .extras import require
 from .files import problem_writing
+from .progress import Progress
 from .cli_args import Parser, UsageError, bandwidths, parse_sets, split_list
 from .core import POLICIES, policy_config
 from .core.base import PolicyConfig
@@ -116,18 +118,6 @@ def _writable(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {problem}")
 
 
-def _progress(enabled: bool):
-    if not enabled:
-        return None
-    count = [0]
-
-    def show(what: str) -> None:
-        count[0] += 1
-        print(f"\rsimulating {what} ({count[0]})\x1b[K", end="", file=sys.stderr, flush=True)
-
-    return show
-
-
 # -- commands ------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
     configs = _policies(args)
@@ -138,10 +128,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _writable(args.plot, "--plot")
     table = _table(args)
     timelines = bool(args.trace or (args.plot and len(clusters) == 1))
-    show = _progress(sys.stderr.isatty() and not args.json)
-    rows = compare(table, clusters, configs, args.iterations, record=timelines, progress=show)
-    if show:
-        print("\r\x1b[K", end="", file=sys.stderr)
+    if args.plot:
+        require("matplotlib", "plot")  # now, not after the simulations
+    with Progress("simulating", len(clusters) * len(configs), lines=False) as show:
+        rows = compare(table, clusters, configs, args.iterations, record=timelines,
+                       progress=None if args.json else show)
     if args.json:
         print(json.dumps(rows_json(table, rows, args.iterations)))
     else:
@@ -203,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 argparse.Namespace(**{**vars(a), "sweep_bandwidth": None}))[0])
         handler = {"simulate": cmd_simulate, "profile": cmd_profile, "models": cmd_models}[args.command]
         return handler(args)
-    except (UsageError, ValueError, RuntimeError, TimeoutError) as exc:
+    except (UsageError, ValueError, RuntimeError, TimeoutError, ImportError) as exc:
         print(f"gradsched: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. piped into head

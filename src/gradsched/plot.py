@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
+from .extras import require
 
-matplotlib.use("Agg")
+require("matplotlib", "plot").use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 

@@ -172,7 +172,9 @@ def test_a_hung_rank_makes_the_others_fail_after_the_timeout():
     "script,nproc,extra,expected",
     [("train_mlp.py", 2, [], "identical on all workers: True"),
      ("train_mlp.py", 3, ["--servers", "1"], "identical on all workers: True"),
-     ("train_cnn_checkpoint.py", 2, [], "loads into a plain AdamW")],
+     ("train_cnn_checkpoint.py", 2, [], "loads into a plain AdamW"),
+     ("train_lightning.py", 2, [], "identical on all workers: True"),
+     ("train_accelerate.py", 2, [], "identical on all workers: True")],
 )
 def test_examples_run_under_torchrun(tmp_path, script, nproc, extra, expected):
     example = Path(__file__).resolve().parents[2] / "examples" / script

@@ -96,12 +96,16 @@ def test_step_with_a_closure_is_torch_optims(world_of_one, policy):
     wrapped.close()
 
 
-def test_a_closure_without_a_backward_pass_is_refused(world_of_one):
+def test_a_closure_without_a_backward_pass_is_refused_unless_one_ran_before(world_of_one):
     model = net()
     model, wrapped = gradsched.wrap(model, make_opt("sgd", model), "fifo")
     x, y = batches(1)[0]
-    with pytest.raises(GradschedError, match=r"step\(closure\): the closure ran no backward pass"):
+    with pytest.raises(GradschedError, match=r"step\(closure\): no backward pass that communicates ran since"):
         wrapped.step(lambda: nn.functional.cross_entropy(model(x), y))
+    nn.functional.cross_entropy(model(x), y).backward()  # manual optimisation: backward, then step(no-op closure)
+    assert wrapped.step(lambda: None) is None
+    with pytest.raises(GradschedError, match="no backward pass that communicates ran since the last step"):
+        wrapped.step(lambda: None)
     wrapped.close()
 
 

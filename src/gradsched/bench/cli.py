@@ -9,7 +9,9 @@ import signal
 import sys
 
 from ..cli_args import UsageError, bandwidths, parse_sets, split_list
+from ..extras import require
 from ..files import problem_writing
+from ..progress import Progress
 from ..units import parse_duration
 from .netns import available
 from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
@@ -83,6 +85,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("the emulated cluster can run here" if usable else f"no emulated cluster here: {why}", file=sys.stderr)
         return 0 if usable else 1
     config = config_from(args)
+    require("psutil", "bench")  # the workers report the host's CPU load
+    if args.plot:
+        require("matplotlib", "plot")
     problem = problem_writing(args.plot) if args.plot else None
     if problem:  # checked now, not after a run of many minutes
         raise UsageError(f"--plot {args.plot}: {problem}")
@@ -92,17 +97,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
-    tty = sys.stderr.isatty()
-
-    def progress(line: str) -> None:
-        print(("\r" + line + "\x1b[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
     def warn(line: str) -> None:
         print(f"gradsched: warning: {line}", file=sys.stderr, flush=True)
 
-    settings = run_bench(config, progress=progress, warn=warn)
-    if tty:
-        print("\r\x1b[K", end="", file=sys.stderr)
+    total = None if config.balance else config.phases * len(config.bandwidths_bps)
+    with Progress("bench", total) as progress:
+        settings = run_bench(config, progress=progress, warn=warn)
     if args.json:
         print(json.dumps(settings_json(config, settings)))
     else:

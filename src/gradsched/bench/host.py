@@ -7,7 +7,9 @@ measures the host, not the schedule. The bench reports this figure next to each 
 
 from __future__ import annotations
 
-import psutil
+from ..extras import require
+
+psutil = require("psutil", "bench")
 
 
 def _busy_total() -> tuple[float, float]:

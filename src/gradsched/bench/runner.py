@@ -113,6 +113,12 @@ class BenchConfig:
         return runs
 
     @property
+    def phases(self) -> int:
+        """Measured phases per bandwidth: every run, then the baselines (computing only,
+        communicating only, and through the servers with parameter servers)."""
+        return len(self.runs) + (3 if self.arch == "ps" else 2)
+
+    @property
     def reference(self) -> str:
         """What speed-ups are measured against."""
         return "fifo" if self.arch == "ps" else "ddp"
@@ -287,7 +293,7 @@ def find_balance(config: BenchConfig, progress: Callable[[str], None] | None = N
     history = []
     for step in range(steps):
         if progress:
-            progress(f"[balance {step + 1}/{steps}] calibrating at {bandwidth / 1e9:.3g} Gbit/s")
+            progress(f"balance: calibrating at {bandwidth / 1e9:.3g} Gbit/s (at most {steps} runs)")
         with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:
             raw = _launch(config, cluster, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
         setting = _figures(config, bandwidth, True, raw)
@@ -314,11 +320,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
     for b, bandwidth in enumerate(config.bandwidths_bps if ok else (None,)):
         label = "loopback" if not ok or bandwidth is None else f"{bandwidth / 1e9:g} Gbit/s"
 
-        def show(message: dict, label=label, b=b) -> None:
+        def show(message: dict, label=label) -> None:
             if progress:
-                done = b * message["total"] + message["index"]
-                total = len(config.bandwidths_bps if ok else (None,)) * message["total"]
-                progress(f"[{done + 1}/{total}] {label}: {message['policy']}")
+                progress(f"{label}: {message['policy']}")
 
         if ok:
             with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:

@@ -47,7 +47,10 @@ def check_options(policy: str, config: RuntimeConfig) -> None:
     if config.autotune_space is not None and not config.autotune:
         raise ValueError("gradsched.wrap: autotune_space is set but autotune is not; pass autotune=True to tune online")
     if config.autotune:
+        from ..extras import require
         from ..tune.space import default_space  # not gradsched.tune: that loads Optuna
+
+        require("optuna", "tune")  # now, not at the first control point
 
         try:
             default_space(policy, config.autotune_space)

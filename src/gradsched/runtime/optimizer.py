@@ -30,6 +30,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def __init__(self, inner: torch.optim.Optimizer, coordinator: Coordinator) -> None:
         self._inner = inner
         self._coordinator = coordinator
+        self._stepped_round = 0  # the backward pass (round) the latest step() followed
         self._ready = False
         # The base initialiser sets up the hook registries; the groups it would build are
         # ignored (the properties below route to the wrapped optimizer).
@@ -82,18 +83,20 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         """Schedule this step's updates (each parameter is updated once its gradient is
         reduced). With a ``closure``, as torch.optim's optimizers do (and trainers call
         them): run it first, with gradients enabled (it computes the loss and calls
-        ``backward()``), and return what it returns."""
+        ``backward()``), and return what it returns. A closure that runs no backward pass
+        is fine after one that did (Lightning's manual optimisation steps so), not instead."""
         loss = None
         if closure is not None:
-            rounds = self._coordinator.round
             with torch.enable_grad():
                 loss = closure()
-            if self._coordinator.round == rounds:
+            if self._coordinator.round == self._stepped_round:
                 raise GradschedError(
-                    "gradsched: step(closure): the closure ran no backward pass that communicates; it must compute "
-                    "the loss and call backward() on it (outside no_sync()), as torch.optim expects"
+                    "gradsched: step(closure): no backward pass that communicates ran since the last step; the "
+                    "closure must compute the loss and call backward() on it (outside no_sync()), as torch.optim "
+                    "expects"
                 )
         self._coordinator.step()
+        self._stepped_round = self._coordinator.round
         if self._optimizer_step_post_hooks:
             # code hooked after step() (EMA, SWA, logging) reads parameters: update them all now
             self._coordinator.synchronize()

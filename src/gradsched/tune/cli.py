@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
-import sys
 
 from ..cli_args import UsageError
 from ..units import format_bytes
-from .offline import TuneResult, tune_offline
-from .space import DEFAULT_RANGES, default_space
-from .tuner import SAMPLERS
+from ..progress import Progress
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .offline import TuneResult
+from .space import DEFAULT_RANGES, SAMPLERS, default_space
 
 
 def add_parser(sub, add_setting_args) -> None:
@@ -61,16 +64,11 @@ def cmd_tune(args: argparse.Namespace, table_of, cluster_of) -> int:
         raise UsageError(f"--trials must be >= 1, got {args.trials}")
     cluster = cluster_of(args)
     table = table_of(args)
-    tty = sys.stderr.isatty() and not args.json
+    from .offline import tune_offline  # loads Optuna (the tune extra)
 
-    def progress(h: dict) -> None:
-        if tty:
-            print(f"\rtrial {h['trial'] + 1}/{args.trials}: best {h['best_s'] * 1e3:.2f} ms\x1b[K", end="",
-                  file=sys.stderr, flush=True)
-
-    result = tune_offline(table, cluster, space, args.trials, args.seed, args.sampler, progress)
-    if tty:
-        print("\r\x1b[K", end="", file=sys.stderr)
+    with Progress("tuning", args.trials, lines=False) as show:
+        result = tune_offline(table, cluster, space, args.trials, args.seed, args.sampler,
+                              None if args.json else lambda h: show(f"best {h['best_s'] * 1e3:.2f} ms"))
     if args.json:
         print(json.dumps({"model": table.name, "cluster": cluster.describe(), "policy": args.policy,
                           "trials": args.trials, "seed": args.seed, "sampler": args.sampler,

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from ..core import policy_config
 from ..units import parse_bytes
 
+SAMPLERS = ("gp", "tpe", "random")  # Optuna's samplers the tuner offers
+
 KiB, MiB = 1 << 10, 1 << 20
 
 

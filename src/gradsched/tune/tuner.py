@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
-
 from ..core import policy_config
-from .space import SearchSpace
+from ..extras import require
+from .space import SAMPLERS, SearchSpace
 
-SAMPLERS = ("gp", "tpe", "random")
+optuna = require("optuna", "tune")
+require("scipy", "tune")  # Optuna's Gaussian-process sampler
 
 
 @dataclass(frozen=True)

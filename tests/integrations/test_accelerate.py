@@ -1,0 +1,26 @@
+"""gradsched's Accelerate ``prepare`` against Accelerate's own DDP, with the real Accelerate
+and transformers (a 2-layer BERT, random init, nothing downloaded), 2 gloo ranks
+(accelerate_worker.py): accumulation, clipping, an LR scheduler, and a checkpoint from
+``accelerator.save_state`` under gradsched resumed under DDP.
+
+Tolerance: 1e-6 absolute (parameters move by about 2e-2; the runs are identical here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("accelerate", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
+pytest.importorskip("transformers", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
+
+TOLERANCE = 1e-6
+
+
+def test_gradsched_prepare_equals_accelerates_ddp(run_worker):
+    report = run_worker("accelerate_worker.py")
+    assert report["moved"] > 1e-2
+    assert len(report["cases"]) == 5
+    for case, difference in report["cases"].items():
+        assert difference <= TOLERANCE, case
+    # 8 batches per rank, a step every 2: only the steps' backward passes communicate
+    assert report["rounds"] == {policy: 4 for policy in ("fifo", "priority", "bytescheduler", "prophet")}

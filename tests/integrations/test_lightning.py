@@ -1,0 +1,28 @@
+"""GradschedStrategy against Lightning's own DDPStrategy, with the real Lightning, 2 gloo
+ranks (lightning_worker.py): automatic optimisation with gradient_clip_val and
+accumulate_grad_batches, bf16-mixed, manual optimisation with clipping, an LR scheduler from
+configure_optimizers; resume from a mid-run checkpoint, under gradsched and under DDP.
+
+Tolerance: 1e-6 absolute (parameters move by 2e-2 to 3e-2; the runs are identical here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'gradsched[lightning]'")
+
+TOLERANCE = 1e-6
+
+
+def test_gradsched_strategy_equals_ddp_strategy(run_worker):
+    report = run_worker("lightning_worker.py")
+    assert report["clipping_bites"] > 1e-3
+    assert all(moved > 1e-2 for moved in report["moved"].values())
+    assert len(report["cases"]) == 3 * 4 + 2
+    for case, difference in report["cases"].items():
+        assert difference <= TOLERANCE, case
+    # 64 samples, 2 ranks, batch 8: 4 batches per rank and epoch, 2 epochs. Accumulating 2
+    # batches per step, only the step's backward pass communicates; manual steps every batch.
+    for case, rounds in report["rounds"].items():
+        assert rounds == (8 if case.startswith("manual") else 4), case
