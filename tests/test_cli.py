@@ -153,3 +153,15 @@ def test_malformed_profile_file(capsys, tmp_path):
 def test_console_script_entry_point():
     out = subprocess.run([sys.executable, "-m", "gradsched", "models"], capture_output=True, text=True, check=True)
     assert "resnet152" in out.stdout
+
+
+def test_simulate_with_compression_halves_the_bytes_on_the_wire(capsys):
+    from gradsched.cli import main
+
+    setting = ["simulate", "--model", "resnet50", "--workers", "16", "--bandwidth", "10Gbit", "--json"]
+    figures = {}
+    for extra in ([], ["--compression", "bf16"]):
+        assert main(setting + extra) == 0
+        figures[bool(extra)] = json.loads(capsys.readouterr().out)["results"][0]
+    assert figures[True]["comm_s"] == pytest.approx(figures[False]["comm_s"] / 2, rel=1e-9)
+    assert figures[True]["compute_s"] == figures[False]["compute_s"]

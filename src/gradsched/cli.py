@@ -47,6 +47,8 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
     p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
     p.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
+    p.add_argument("--compression", choices=["bf16", "fp16"],
+                   help="gradients travel as bf16/fp16: 2 bytes per element on the wire (the casts are not modelled)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,8 +89,10 @@ def _table(args: argparse.Namespace) -> ModelTable:
     if getattr(args, "profile", None):
         if args.model:
             raise UsageError("use either --model or --profile, not both")
-        return ModelTable.load(args.profile)
-    return model_table(args.model or "resnet50", args.batch, args.device, args.classes, args.seq_len)
+        table = ModelTable.load(args.profile)
+    else:
+        table = model_table(args.model or "resnet50", args.batch, args.device, args.classes, args.seq_len)
+    return table.on_the_wire(2) if getattr(args, "compression", None) else table
 
 
 def _policies(args: argparse.Namespace) -> list[PolicyConfig]:

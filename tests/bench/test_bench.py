@@ -207,6 +207,8 @@ def test_timeout_cleans_up():
         (["--servers", "2"], "--servers only applies to --arch ps"),
         (["--autotune", "1"], "--autotune needs >= 2 trials"),
         (["--clip", "-1"], "--clip must be a norm >= 0"),
+        (["--compression", "bf16", "--arch", "ps", "--servers", "1", "--policy", "fifo"],
+         "--compression is not supported with --arch ps yet"),
         (["--balance", "--sweep-bandwidth", "1,2"], "--balance finds one bandwidth"),
         (["--balance", "--loopback"], "--balance finds one bandwidth"),
     ],
@@ -233,16 +235,18 @@ def test_check_says_whether_the_cluster_can_run(monkeypatch, capsys):
 
 
 def test_loopback_run_is_labelled_unlimited_and_clipping_rows_follow_each_policy(tmp_path):
+    """Also: the compression baselines (DDP with a bf16 and an fp16 hook) and --compression."""
     out = subprocess.run(
         [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--loopback", "--iters", "3",
-         "--warmup", "1", "--policy", "ddp,bytescheduler", "--clip", "1.0"],
+         "--warmup", "1", "--policy", "ddp,ddp-bf16,ddp-fp16,bytescheduler", "--clip", "1.0", "--compression", "bf16"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "running on loopback WITHOUT a bandwidth limit" in out.stderr
     assert "loopback, NO bandwidth limit" in out.stdout and "[REPLAY]" in out.stdout
     rows = [line.split()[0] for line in out.stdout.splitlines() if line.strip().startswith(("ddp", "bytescheduler"))]
-    assert rows == ["ddp", "ddp+clip", "bytescheduler", "bytescheduler+clip"], out.stdout
+    assert rows == ["ddp", "ddp+clip", "ddp-bf16", "ddp-fp16", "bytescheduler", "bytescheduler+clip"], out.stdout
+    assert "compression: gradsched's policies send bf16" in out.stdout
 
 
 def test_parameter_servers_and_autotune_on_loopback(tmp_path):

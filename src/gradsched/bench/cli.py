@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
                        help="keep each policy's own plans even where DDP-style buckets are predicted faster")
     bench.add_argument("--autotune", type=int, default=0, metavar="TRIALS",
                        help="also run each tunable policy tuned online with this many candidates ('+autotune' rows)")
+    bench.add_argument("--compression", choices=["bf16", "fp16"],
+                       help="gradsched's policies send gradients as bf16/fp16; compare with the ddp-bf16/ddp-fp16 "
+                            "baselines (DDP with the matching compression hook)")
     bench.add_argument("--clip", type=float, default=0.0, metavar="MAX_NORM",
                        help="also run ddp and each policy clipping gradients to this global norm ('+clip' rows)")
     bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
@@ -76,6 +79,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
         servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip,
+        compression=args.compression,
     )
 
 

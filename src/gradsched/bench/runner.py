@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..core import MeasuredLink, policy_config
+from ..core import POLICIES, MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
@@ -32,7 +32,7 @@ from .netns import EmulatedCluster, available
 from .protocol import COMM_ONLY, COMPUTE_ONLY, MARK, SERVERS_ONLY
 from .workloads import workload
 
-BASELINES = ("ddp", "ddp-tuned")
+BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16")  # the last two: DDP with a compression hook
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class BenchConfig:
     servers: int = 0
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
     clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
+    compression: str | None = None  # "bf16"/"fp16": gradsched's policies run with wrap(compression=...)
     balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
     #   by calibration runs starting from bandwidths_bps[0]
 
@@ -86,6 +87,10 @@ class BenchConfig:
         if self.balance and (len(self.bandwidths_bps) != 1 or self.bandwidths_bps[0] is None or self.loopback):
             raise ValueError("--balance finds one bandwidth on the emulated network, starting from --bandwidth: "
                              "drop --sweep-bandwidth and --loopback")
+        if self.compression not in (None, "bf16", "fp16"):
+            raise ValueError(f"--compression must be bf16 or fp16, got {self.compression!r}")
+        if self.compression and self.arch == "ps":
+            raise ValueError("--compression is not supported with --arch ps yet")
         if not self.clip >= 0:
             raise ValueError(f"--clip must be a norm >= 0 (0: no clipping rows), got {self.clip}")
         if self.autotune_trials == 1 or self.autotune_trials < 0:
@@ -108,7 +113,7 @@ class BenchConfig:
             runs.append(policy)
             if self.autotune_trials and policy in DEFAULT_RANGES:
                 runs.append(policy + "+autotune")
-            if self.clip and policy != "ddp-tuned":
+            if self.clip and policy in ("ddp", *POLICIES):
                 runs.append(policy + "+clip")
         return runs
 
@@ -165,7 +170,7 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
         "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
-        "clip": config.clip,
+        "clip": config.clip, "compression": config.compression,
     })
     port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -263,7 +268,8 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset
-            row["predicted_s"] = predict(scaled(work.table, compute), cluster, _ran(config, policy, result))
+            table = work.table.on_the_wire(2) if config.compression else work.table
+            row["predicted_s"] = predict(scaled(table, compute), cluster, _ran(config, policy, result))
         setting.rows.append(row)
     return setting
 
@@ -344,6 +350,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "arch": config.arch,
         "servers": config.servers,
         "latency_s": config.latency_s,
+        "compression": config.compression,
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
@@ -380,6 +387,9 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
+        if config.compression:
+            lines.append(f"  compression: gradsched's policies send {config.compression} (the bound is for uncompressed "
+                         "gradients; ddp-bf16/ddp-fp16 are DDP with the matching compression hook)")
         lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
                      f" bound {s.bound_s * 1e3:.1f} ms{_dependency_note(s)}; per message {s.latency_s * 1e3:.2f} ms alone,"
                      f" {s.overhead_s * 1e3:.2f} ms pipelined")

@@ -21,11 +21,13 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
 import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 from gradsched.core.policies.fifo import assign_buckets
+from gradsched.runtime.compression import ddp_hook
 from gradsched.runtime.plans import tensor_specs
 from gradsched.runtime.probe import probe_link
 from gradsched.runtime.ps import chunks
@@ -58,6 +60,19 @@ def _stepper(model, optimizer, load, loss_fn, clip: float = 0.0):
         optimizer.step()
 
     return step
+
+
+def _ddp(model, bucket_cap_mb: float, policy: str) -> DDP:
+    """DDP, with a compression hook for ddp-bf16/ddp-fp16: PyTorch's own where it runs
+    (bf16_compress_hook needs CUDA and NCCL), gradsched's equivalent otherwise."""
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    wire = policy.partition("+")[0].removeprefix("ddp-")
+    if wire in ("bf16", "fp16"):
+        cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+        hook = {"fp16": default_hooks.fp16_compress_hook,
+                "bf16": default_hooks.bf16_compress_hook if cuda else ddp_hook(torch.bfloat16)}[wire]
+        ddp.register_comm_hook(None, hook)
+    return ddp
 
 
 class _Rank:
@@ -108,13 +123,13 @@ class _Rank:
         best = None
         for cap in caps:
             model, opt = self.fresh()
-            times = self._timed(policy, self.step(DDP(model, bucket_cap_mb=cap), opt, policy),
+            times = self._timed(policy, self.step(_ddp(model, cap, policy), opt, policy),
                                 self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
             if best is None or statistics.median(times) < best[0]:
                 best = (statistics.median(times), cap, times)
         if len(caps) > 1:  # re-measure the winner over the full count
             model, opt = self.fresh()
-            best = (0.0, best[1], self._timed(policy, self.step(DDP(model, bucket_cap_mb=best[1]), opt), self.iters, 1))
+            best = (0.0, best[1], self._timed(policy, self.step(_ddp(model, best[1], policy), opt), self.iters, 1))
         return {"times": best[2], "bucket_cap_mb": best[1]}
 
     def gradsched(self, policy: str) -> dict | None:
@@ -126,6 +141,7 @@ class _Rank:
         trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
         ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else {}
         model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config["profile_rounds"],
+                                    compression=config.get("compression"),
                                     fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
                                     autotune_trials=max(tune, 2), policy_options=config["options"].get(base), **ps)
         if opt is None:
@@ -229,7 +245,7 @@ def run(config: dict) -> None:
     results: dict[str, dict] = {}
     for k, policy in enumerate(config["policies"]):
         emit("progress", policy=policy, index=k, total=rank.phases)
-        result = rank.ddp(policy) if policy.partition("+")[0] in ("ddp", "ddp-tuned") else rank.gradsched(policy)
+        result = rank.ddp(policy) if policy.partition("+")[0].startswith("ddp") else rank.gradsched(policy)
         if result is not None:
             results[policy] = result
     baselines = rank.baselines()  # the servers take part in communication only

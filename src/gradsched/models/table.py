@@ -11,6 +11,8 @@ JSON profile; ``docs/profile-format.md`` documents the format. This module needs
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 from dataclasses import dataclass, field
@@ -46,6 +48,13 @@ class ModelTable:
     name: str
     layers: tuple[Layer, ...]
     meta: dict[str, Any] = field(default_factory=dict, compare=False)  # batch, device, source...
+
+    def on_the_wire(self, element_size: int) -> ModelTable:
+        """This table with every gradient travelling ``element_size`` bytes per element
+        (compression: 2 for bf16/fp16); compute times unchanged."""
+        layers = tuple(dataclasses.replace(layer, params=tuple(dataclasses.replace(p, element_size=element_size)
+                                                               for p in layer.params)) for layer in self.layers)
+        return dataclasses.replace(self, layers=layers, meta={**self.meta, "wire_element_size": element_size})
 
     def __post_init__(self) -> None:
         if not self.layers:

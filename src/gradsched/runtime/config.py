@@ -28,6 +28,9 @@ class RuntimeConfig:
     #   collective per backward pass; a parameter unused on every rank keeps grad=None and is not updated
     broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before every forward pass
     broadcast_parameters: bool = False  # at wrap time, copy rank 0's parameters instead of requiring equal ones
+    compression: str | None = None  # "bf16" or "fp16": every message travels in that dtype, divided by the
+    #   number of workers, then cast (one cast per message), and cast back on arrival, as DDP's bf16/fp16
+    #   compression hooks; the plans count wire bytes. None: gradients travel in their own dtype
 
     # -- plans --
     profile_rounds: int = 3  # backward passes measured (after the first) before the first measured plan
@@ -79,6 +82,10 @@ class RuntimeConfig:
             (self.architecture != "allreduce" or not self.servers, "servers only apply to architecture='ps'"),
             (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
+            (self.compression in (None, "bf16", "fp16"),
+             f"unknown compression {self.compression!r}; choose 'bf16', 'fp16' or None"),
+            (self.compression is None or self.architecture == "allreduce",
+             "compression is not supported with architecture='ps' yet"),
         ]
         for ok, message in checks:
             if not ok:

@@ -26,6 +26,7 @@ from ..core.base import PolicyConfig
 from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
+from .compression import wire_dtype
 from .exchange import Exchange
 from .inflight import Handover, plain
 from .planning import Planner, initial_plan
@@ -60,7 +61,7 @@ class Coordinator:
         self.rank = topology.rank
         self.world_size = topology.num_workers
         self.index = {id(p): i for i, p in enumerate(self.params)}
-        self.tensors = tensor_specs(self.names, self.params)
+        self.tensors = tensor_specs(self.names, self.params, wire_dtype(config.compression))
         self.trace = RunTrace(self.rank) if config.trace else None
         versions = PlanVersions(initial_plan(self.tensors, policy, config.architecture))
         self.exchange = Exchange(self.tensors, self.params, versions, self._transport(versions), config.timeout,
@@ -90,7 +91,7 @@ class Coordinator:
     def _transport(self, versions: PlanVersions) -> Transport:
         topology = self.topology
         if not topology.servers:
-            return AllReduce(topology.group("data"))
+            return AllReduce(topology.group("data"), wire_dtype(self.config.compression))
         dtype_of = {n: p.dtype for n, p in zip(self.names, self.params)}
         return PushPull(topology.group("data"), topology.group("plans"), self.rank, topology.servers,
                         topology.num_workers, dtype_of, versions)

@@ -63,8 +63,11 @@ class PlanVersions:
         return any(a.version == version for a in self._adopted)
 
 
-def tensor_specs(names: Sequence[str], params: Sequence[torch.Tensor]) -> list[TensorSpec]:
+def tensor_specs(names: Sequence[str], params: Sequence[torch.Tensor],
+                 wire: torch.dtype | None = None) -> list[TensorSpec]:
     """The scheduler's view of the gradients: priority and layer are the position in forward
-    (parameter) order, so layers near the input are the most urgent."""
-    return [TensorSpec(name, p.numel(), layer=i, priority=i, element_size=p.element_size())
+    (parameter) order, so layers near the input are the most urgent; sizes are what travels
+    (``wire``: the dtype of compressed messages)."""
+    size = None if wire is None else torch.empty(0, dtype=wire).element_size()
+    return [TensorSpec(name, p.numel(), layer=i, priority=i, element_size=size or p.element_size())
             for i, (name, p) in enumerate(zip(names, params))]

@@ -56,18 +56,27 @@ class AllReduce:
     learn of the first to finish at once), and on CUDA they order the update after the
     reduction by stream."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
+    def __init__(self, group: dist.ProcessGroup, wire: torch.dtype | None = None) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
+        self.wire = wire  # compression (gradsched.runtime.compression): the dtype every message travels in
 
     def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
                on_sent: Callable[[], None] | None = None) -> Reduced:
         results = list(buffers)
         for buffer in results:
             buffer.div_(self.size)
-        works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in results]
-        return torch.futures.collect_all([w.get_future() for w in works]).then(
-            lambda future: check_results(future, results))
+        sent = results if self.wire is None else [b.to(self.wire) for b in results]  # no copy if already wire
+        works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in sent]
+
+        def arrived(future: torch.futures.Future) -> list[torch.Tensor]:
+            check_results(future, results)
+            for buffer, wire in zip(results, sent):
+                if wire is not buffer:
+                    buffer.copy_(wire)
+            return results
+
+        return torch.futures.collect_all([w.get_future() for w in works]).then(arrived)
 
     def close(self, wait: bool) -> None:
         self.group = None

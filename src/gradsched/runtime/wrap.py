@@ -23,6 +23,7 @@ from torch import nn
 from ..core import POLICIES, policy_config
 from .checks import (check_across_ranks, check_arguments, check_optimizer, check_options, check_parameters,
                      stray_parameters, trainable, warn_stray)
+from .compression import check_backend, check_compressible
 from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
@@ -96,10 +97,13 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     check_options(policy, config)
     names, params = trainable(model)
     check_parameters(params, config)
+    check_compressible(config.compression, names, params)
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     topology = Topology.create(config)
     with failing_rank("gradsched.wrap: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone, topology.world_size)
+    if not topology.is_server:  # the same compression everywhere, checked above
+        check_backend(config.compression, topology.group("data"))
     if config.broadcast_parameters:
         with torch.no_grad():
             for p in params:

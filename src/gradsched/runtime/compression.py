@@ -1,0 +1,71 @@
+"""Gradient compression on the wire: every message travels as bfloat16 or float16.
+
+A message's flat buffer is divided by the number of workers and cast to the wire dtype (one
+cast per message and dtype, not per tensor), reduced, and cast back into the buffer when it
+arrives: what PyTorch's ``bf16_compress_hook``/``fp16_compress_hook`` do for a DDP bucket,
+except that the division comes before the cast, so a float16 wire overflows only where the
+average itself would. The scheduler sees wire bytes (2 per element), so partitions, credit
+windows and the link estimate are all in what travels.
+
+:func:`ddp_hook` is the same compression as a DDP communication hook, for the baselines:
+PyTorch's own ``bf16_compress_hook`` refuses to run without CUDA and NCCL.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .errors import GradschedError
+
+WIRE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def wire_dtype(compression: str | None) -> torch.dtype | None:
+    return None if compression is None else WIRE[compression]
+
+
+def check_compressible(compression: str | None, names: Sequence[str], params: Sequence[torch.Tensor]) -> None:
+    """Only real floating-point gradients can travel as bf16/fp16."""
+    if compression is None:
+        return
+    for name, p in zip(names, params):
+        if not p.dtype.is_floating_point or p.is_complex():
+            raise GradschedError(f"gradsched.wrap(compression={compression!r}): parameter {name!r} is {p.dtype}; "
+                                 "only floating-point gradients can be compressed (pass compression=None)")
+
+
+def check_backend(compression: str | None, group: dist.ProcessGroup) -> None:
+    """All-reduce two elements of the wire dtype now, so that a backend that cannot reduce it
+    fails at wrap time with the reason, not in the middle of the first backward pass."""
+    if compression is None:
+        return
+    dtype = WIRE[compression]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    try:
+        dist.all_reduce(torch.ones(2, dtype=dtype, device=device), group=group)
+    except (RuntimeError, ValueError) as exc:
+        raise GradschedError(f"gradsched.wrap(compression={compression!r}): the {dist.get_backend(group)} backend "
+                             f"cannot all-reduce {dtype} here: {exc}") from exc
+
+
+def ddp_hook(dtype: torch.dtype):
+    """A DDP communication hook that sends each bucket as ``dtype``: cast, divide by the world
+    size, all-reduce, cast back (PyTorch's compress hooks' steps). Register it with
+    ``ddp_model.register_comm_hook(None, ddp_hook(torch.bfloat16))``."""
+
+    def hook(group, bucket):  # unannotated: DDP checks annotations against its own classes
+        group = group if group is not None else dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        reduced = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(future: torch.futures.Future) -> torch.Tensor:
+            buffer.copy_(future.value()[0])
+            return buffer
+
+        return reduced.then(decompress)
+
+    return hook
