@@ -81,6 +81,7 @@ def test_gradients_on_the_wire_read_as_reduced(world_of_one):
     model = gradsched.DistributedDataParallel(net(), policy="bytescheduler", fallback=False)
     loss_of(model, batches(1)[0]).backward()
     grads = [p.grad for p in model.parameters()]
+    assert all(isinstance(g, InFlightGrad) for g in grads)  # until the training thread sees them reduced
     norm = torch.stack([g.norm() for g in grads]).norm()
     assert all(type(p.grad) is torch.Tensor for p in model.parameters())
     reference = net()

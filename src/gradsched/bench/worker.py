@@ -20,7 +20,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 

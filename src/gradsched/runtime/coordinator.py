@@ -24,9 +24,9 @@ from torch import nn
 
 from ..core.base import PolicyConfig
 from ..files import problem_writing
+from .compression import wire_dtype
 from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
-from .compression import wire_dtype
 from .exchange import Exchange
 from .inflight import Handover, plain
 from .planning import Planner, initial_plan
@@ -299,9 +299,7 @@ class Coordinator:
                        foreach: bool | None) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
         self._require_gradients("clip_grad_norm_")
-        self.exchange.wait_reduced(range(len(self.params)), "all gradients (clip_grad_norm_)")
-        self.exchange.order_after_reduction(range(len(self.params)))
-        self.handover.settle(range(len(self.params)))
+        self.handover.wait(range(len(self.params)), "all gradients (clip_grad_norm_)")
         return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
                                               error_if_nonfinite, foreach)
 

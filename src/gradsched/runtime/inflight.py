@@ -59,15 +59,15 @@ class Handover:
         """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``."""
         marked = grad.as_subclass(InFlightGrad)
         marked._gradsched_plain = grad
-        marked._gradsched_wait = lambda: self.wait(i)
+        marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
         self.params[i].grad = marked
         self.exchange.mark_ready(i, grad, round_index)
 
-    def wait(self, i: int) -> None:
-        """Block until gradient ``i`` is reduced, then settle it."""
-        self.exchange.wait_reduced([i], f"the gradient of {self.exchange.tensors[i].name!r}")
-        self.exchange.order_after_reduction([i])
-        self.settle([i])
+    def wait(self, indices: Sequence[int], what: str) -> None:
+        """Block until these gradients are reduced, then settle them."""
+        self.exchange.wait_reduced(indices, what)
+        self.exchange.order_after_reduction(indices)
+        self.settle(indices)
 
     def settle(self, indices: Sequence[int]) -> None:
         """These gradients are reduced and seen so: plain tensors again, clamped if asked."""
