@@ -207,8 +207,6 @@ def test_timeout_cleans_up():
         (["--servers", "2"], "--servers only applies to --arch ps"),
         (["--autotune", "1"], "--autotune needs >= 2 trials"),
         (["--clip", "-1"], "--clip must be a norm >= 0"),
-        (["--compression", "bf16", "--arch", "ps", "--servers", "1", "--policy", "fifo"],
-         "--compression is not supported with --arch ps yet"),
         (["--balance", "--sweep-bandwidth", "1,2"], "--balance finds one bandwidth"),
         (["--balance", "--loopback"], "--balance finds one bandwidth"),
     ],

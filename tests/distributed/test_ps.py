@@ -43,6 +43,25 @@ def test_three_workers_one_server(tmp_path):
           ["fifo", "priority", "bytescheduler", "prophet"], ["sgd"])
 
 
+@pytest.mark.parametrize("compression", ["bf16", "fp16"])
+def test_compression_with_parameter_servers(tmp_path, compression):
+    """Workers push bf16/fp16 and the server sums in float32, divides, and answers in the wire
+    dtype: more accurate than DDP + hook (which sums in the wire dtype), so the bound is on
+    accuracy: the mean distance from uncompressed DDP at most DDP + hook's (plus 1e-7), and
+    at most 1e-3 from DDP + hook anywhere. 2 workers + 1 server, SGD."""
+    out = tmp_path / "out.json"
+    results = run_ranks("ps_compare.py", 3, str(out), "--servers", "1", "--optimizers", "sgd",
+                        "--compression", compression, timeout=240)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    ranks = json.loads(out.read_text())["ranks"]
+    assert sorted(ranks[0]) == [f"{p}/sgd" for p in sorted(["fifo", "priority", "bytescheduler", "prophet"])]
+    for case, result in ranks[0].items():
+        assert result["max_abs_diff"] <= 1e-3, case
+        assert result["mean_error"] <= result["ddp_mean_error"] + 1e-7, case
+        assert result["moved"] > 1e-2, case
+
+
 @pytest.mark.parametrize("victim,what", [(1, "a worker"), (2, "the server")])
 def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
     results = run_ranks("death.py", 3, timeout=90, env={"VICTIM": str(victim), "SERVERS": "1"})

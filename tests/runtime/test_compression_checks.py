@@ -26,11 +26,6 @@ def test_bad_compression_is_refused_at_wrap_time(world_of_one, compression, mode
         gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), compression=compression)
 
 
-def test_compression_with_parameter_servers_is_refused():
-    with pytest.raises(ValueError, match="compression is not supported with architecture='ps' yet"):
-        gradsched.runtime.RuntimeConfig.from_options({"compression": "fp16", "architecture": "ps", "servers": 1})
-
-
 def test_the_ddp_drop_in_takes_compression_too(world_of_one):
     model = gradsched.DistributedDataParallel(nn.Linear(4, 4), compression="bf16")
     assert all(t.element_size == 2 for t in model._binder.coordinator.tensors)  # plans count wire bytes

@@ -89,8 +89,6 @@ class BenchConfig:
                              "drop --sweep-bandwidth and --loopback")
         if self.compression not in (None, "bf16", "fp16"):
             raise ValueError(f"--compression must be bf16 or fp16, got {self.compression!r}")
-        if self.compression and self.arch == "ps":
-            raise ValueError("--compression is not supported with --arch ps yet")
         if not self.clip >= 0:
             raise ValueError(f"--clip must be a norm >= 0 (0: no clipping rows), got {self.clip}")
         if self.autotune_trials == 1 or self.autotune_trials < 0:

@@ -84,8 +84,7 @@ class RuntimeConfig:
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
             (self.compression in (None, "bf16", "fp16"),
              f"unknown compression {self.compression!r}; choose 'bf16', 'fp16' or None"),
-            (self.compression is None or self.architecture == "allreduce",
-             "compression is not supported with architecture='ps' yet"),
+
         ]
         for ok, message in checks:
             if not ok:

@@ -92,9 +92,10 @@ class Coordinator:
         topology = self.topology
         if not topology.servers:
             return AllReduce(topology.group("data"), wire_dtype(self.config.compression))
-        dtype_of = {n: p.dtype for n, p in zip(self.names, self.params)}
+        wire = wire_dtype(self.config.compression)
+        dtype_of = {n: wire or p.dtype for n, p in zip(self.names, self.params)}
         return PushPull(topology.group("data"), topology.group("plans"), self.rank, topology.servers,
-                        topology.num_workers, dtype_of, versions)
+                        topology.num_workers, dtype_of, versions, wire)
 
     # -- hooks ----------------------------------------------------------------------------
     def _attach(self) -> None:

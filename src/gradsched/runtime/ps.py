@@ -145,7 +145,9 @@ class PushPull:
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
                  server_ranks: Sequence[int], workers: int, dtype_of: Mapping[str, torch.dtype],
-                 versions: PlanVersions) -> None:
+                 versions: PlanVersions, wire: torch.dtype | None = None) -> None:
+        """``dtype_of``: what each gradient travels as (the wire dtype, with compression)."""
+        self.wire = wire  # compression: buffers are cast to it before the push, and back after the pull
         self.group = data_group
         self.plans_group = plans_group
         self.rank = rank
@@ -188,6 +190,8 @@ class PushPull:
             for old in [v for v in self._plans if v < key.version]:
                 del self._plans[old]
             message = self._plans[key.version].messages[key.index]
+        originals = list(buffers)
+        buffers = originals if self.wire is None else [b.to(self.wire) for b in originals]  # one cast per buffer
         layout = buffer_layout(message, self.dtype_of)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
@@ -207,7 +211,17 @@ class PushPull:
         sent = self._send_waiter.track(sends, key.index)
         if on_sent is not None:  # a failed send fails the message's future too: reported there
             sent.add_done_callback(lambda future: _if_done(future, on_sent))
-        return self._waiter.track([sent, *receives], key.index, list(buffers))
+        pulled = self._waiter.track([sent, *receives], key.index, list(buffers))
+        if self.wire is None:
+            return pulled
+
+        def cast_back(future: torch.futures.Future) -> list[torch.Tensor]:
+            for original, travelled in zip(originals, future.value()):
+                if travelled is not original:
+                    original.copy_(travelled)
+            return originals
+
+        return pulled.then(cast_back)
 
     def close(self, wait: bool) -> None:
         self._waiter.stop(5.0 if wait else 0.5)  # it waits for the send waiter's futures: first

@@ -144,10 +144,18 @@ class Server:
             total = None
             for w, (buffer, work) in zip(self.workers, slots):
                 self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
-                total = buffer if total is None else total.add_(buffer)
+                total = _accumulator(buffer) if total is None else total.add_(buffer)
                 self.bytes_in += buffer.numel() * buffer.element_size()
             total.div_(len(self.workers))
+            answer = total.to(slots[0][0].dtype)  # the wire dtype again (no copy without compression)
             for w in self.workers:
-                sends.append((dist.isend(total, dst=w, group=self.group, tag=message_tag(k, j)), total))
+                sends.append((dist.isend(answer, dst=w, group=self.group, tag=message_tag(k, j)), answer))
         for work, _ in sends:
             self._wait(work, f"sending round {round_index} back to the workers")
+
+
+def _accumulator(first: torch.Tensor) -> torch.Tensor:
+    """Where a chunk's sum accumulates: the first worker's buffer itself, or a float32 copy of
+    it when the workers push half precision (compression), so that summing does not round
+    (or, in float16, overflow) before the division."""
+    return first.float() if first.dtype in (torch.float16, torch.bfloat16) else first

@@ -23,7 +23,7 @@ from torch import nn
 from ..core import POLICIES, policy_config
 from .checks import (check_across_ranks, check_arguments, check_optimizer, check_options, check_parameters,
                      stray_parameters, trainable, warn_stray)
-from .compression import check_backend, check_compressible
+from .compression import check_backend, check_compressible, wire_dtype
 from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
@@ -102,7 +102,7 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     topology = Topology.create(config)
     with failing_rank("gradsched.wrap: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone, topology.world_size)
-    if not topology.is_server:  # the same compression everywhere, checked above
+    if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
         check_backend(config.compression, topology.group("data"))
     if config.broadcast_parameters:
         with torch.no_grad():
@@ -122,7 +122,8 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
 def _serve(model: nn.Module, names: list[str], params: list[nn.Parameter], config: RuntimeConfig,
            topology: Topology) -> None:
     """A parameter server's whole life: serve, then leave (or return, with exit_server=False)."""
-    dtype_of = {n: p.dtype for n, p in zip(names, params)}
+    wire = wire_dtype(config.compression)  # what the workers push (every rank checked equal)
+    dtype_of = {n: wire or p.dtype for n, p in zip(names, params)}
     Server(topology, dtype_of, config.timeout).run()
     topology.release()
     if not config.exit_server:
