@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.plan import Plan, PlannedMessage
+from .compression import WireBuffers
 from .errors import GradschedError
 from .plans import Adopted, PlanVersions
 from .transport import MessageKey, Reduced
@@ -147,7 +148,7 @@ class PushPull:
                  server_ranks: Sequence[int], workers: int, dtype_of: Mapping[str, torch.dtype],
                  versions: PlanVersions, wire: torch.dtype | None = None) -> None:
         """``dtype_of``: what each gradient travels as (the wire dtype, with compression)."""
-        self.wire = wire  # compression: buffers are cast to it before the push, and back after the pull
+        self.wire = WireBuffers(wire)  # compression: buffers are cast before the push, and back after the pull
         self.group = data_group
         self.plans_group = plans_group
         self.rank = rank
@@ -191,7 +192,7 @@ class PushPull:
                 del self._plans[old]
             message = self._plans[key.version].messages[key.index]
         originals = list(buffers)
-        buffers = originals if self.wire is None else [b.to(self.wire) for b in originals]  # one cast per buffer
+        buffers = self.wire.cast(key.version, key.index, originals)  # one cast per buffer
         layout = buffer_layout(message, self.dtype_of)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
@@ -212,7 +213,7 @@ class PushPull:
         if on_sent is not None:  # a failed send fails the message's future too: reported there
             sent.add_done_callback(lambda future: _if_done(future, on_sent))
         pulled = self._waiter.track([sent, *receives], key.index, list(buffers))
-        if self.wire is None:
+        if self.wire.wire is None:
             return pulled
 
         def cast_back(future: torch.futures.Future) -> list[torch.Tensor]:

@@ -21,6 +21,8 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 import torch
 import torch.distributed as dist
 
+from .compression import WireBuffers
+
 Reduced = torch.futures.Future  # of list[torch.Tensor]: the averages, one per buffer
 
 
@@ -59,14 +61,14 @@ class AllReduce:
     def __init__(self, group: dist.ProcessGroup, wire: torch.dtype | None = None) -> None:
         self.group = group
         self.size = dist.get_world_size(group)
-        self.wire = wire  # compression (gradsched.runtime.compression): the dtype every message travels in
+        self.wire = WireBuffers(wire)  # compression (gradsched.runtime.compression): what messages travel as
 
     def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
                on_sent: Callable[[], None] | None = None) -> Reduced:
         results = list(buffers)
         for buffer in results:
             buffer.div_(self.size)
-        sent = results if self.wire is None else [b.to(self.wire) for b in results]  # no copy if already wire
+        sent = self.wire.cast(key.version, key.index, results)
         works = [dist.all_reduce(buffer, group=self.group, async_op=True) for buffer in sent]
 
         def arrived(future: torch.futures.Future) -> list[torch.Tensor]:
