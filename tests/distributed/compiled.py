@@ -10,7 +10,6 @@ each run ends compared with DDP + compile. Rank 0 writes the largest difference 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
@@ -18,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish
+from launch import finish_with_report
 from train_compare import SMALL, Net, batches
 
 
@@ -61,11 +60,7 @@ def main() -> None:
             final = [p.detach().clone() for p in model.parameters()]
             model.close()
             report["cases"][f"{policy}/{when}"] = max((a - b).abs().max().item() for a, b in zip(final, reference))
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
-    finish()
+    finish_with_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ PyTorch's bf16_compress_hook needs CUDA and NCCL). Rank 0 writes the largest dif
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
@@ -17,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
 from gradsched.runtime.compression import ddp_hook
-from launch import finish
+from launch import finish_with_report
 from train_compare import SMALL, Net, batches, make_optimizer, train
 
 HOOKS = {"fp16": fp16_compress_hook, "bf16": ddp_hook(torch.bfloat16)}
@@ -66,11 +65,7 @@ def main() -> None:
                 (p.detach() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
             report["error"][f"{compression}/{policy}"] = mean_error(model.parameters(), uncompressed)
             opt.close()
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
-    finish()
+    finish_with_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,20 @@ def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0,
     return results
 
 
+def finish_with_report(path: str, report: object) -> None:
+    """Rank 0 writes ``report`` to ``path`` as JSON; then every rank leaves the process group
+    and ends with :func:`finish`."""
+    import json
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+    finish()
+
+
 def finish() -> None:
     """End a worker script once its results are written and its process group destroyed:
     flush and leave without the interpreter's shutdown. Tearing down torch.distributed's

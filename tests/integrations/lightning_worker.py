@@ -6,7 +6,6 @@ GradschedStrategy for every policy, 2 ranks; rank 0 writes the largest differenc
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import warnings
@@ -21,12 +20,10 @@ from lightning.pytorch.strategies import DDPStrategy
 from gradsched.integrations.lightning import GradschedStrategy
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/distributed")
-from launch import finish  # noqa: E402
+from launch import finish_with_report  # noqa: E402
+from train_compare import SMALL  # noqa: E402  (the policies' options sized for small models)
 
-POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
-SMALL = {"fifo": {"bucket_cap_bytes": 4096, "first_bucket_bytes": 1024}, "priority": {"partition_bytes": 1024},
-         "bytescheduler": {"partition_bytes": 1024, "credit_bytes": 4096},
-         "prophet": {"partition_bytes": 512, "credit_bytes": 4096, "profile_iterations": 2}}
+POLICIES = tuple(SMALL)
 
 
 class Classifier(L.LightningModule):
@@ -99,11 +96,7 @@ def main() -> None:
     report["cases"]["resume/prophet"] = gap(resumed, reference)
     resumed = fit(DDPStrategy(), 4, ckpt_path=half)
     report["cases"]["resume/gradsched-to-ddp"] = gap(resumed, reference)
-    if torch.distributed.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(report, f)
-    torch.distributed.destroy_process_group()
-    finish()
+    finish_with_report(out, report)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import pytest
 pytest.importorskip("accelerate", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
 pytest.importorskip("transformers", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
 
+from worker_launch import run_worker  # noqa: E402
+
 TOLERANCE = 1e-6
 
 
-def test_gradsched_prepare_equals_accelerates_ddp(run_worker):
-    report = run_worker("accelerate_worker.py")
+def test_gradsched_prepare_equals_accelerates_ddp(tmp_path):
+    report = run_worker("accelerate_worker.py", tmp_path)
     assert report["moved"] > 1e-2
     assert len(report["cases"]) == 5
     for case, difference in report["cases"].items():

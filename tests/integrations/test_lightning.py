@@ -12,11 +12,13 @@ import pytest
 
 pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'gradsched[lightning]'")
 
+from worker_launch import run_worker  # noqa: E402
+
 TOLERANCE = 1e-6
 
 
-def test_gradsched_strategy_equals_ddp_strategy(run_worker):
-    report = run_worker("lightning_worker.py")
+def test_gradsched_strategy_equals_ddp_strategy(tmp_path):
+    report = run_worker("lightning_worker.py", tmp_path)
     assert report["clipping_bites"] > 1e-3
     assert all(moved > 1e-2 for moved in report["moved"].values())
     assert len(report["cases"]) == 3 * 4 + 2

@@ -33,7 +33,6 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .checks import check_optimizer, stray_parameters, warn_stray
-from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
@@ -266,11 +265,7 @@ def _runtime_options(module: nn.Module, device_ids: list | None, output_device: 
     for name, default in _UNSUPPORTED.items():
         if name in options and options[name] is not default:
             raise GradschedError(f"{where}: DDP's option {name}= is not supported")
-    options = {k: v for k, v in options.items() if k not in _UNSUPPORTED}
-    known = {f for f in RuntimeConfig.__dataclass_fields__}
-    for name in options:
-        if name not in known:
-            RuntimeConfig.from_options({name: options[name]})  # raises, naming the closest option
+    options = {k: v for k, v in options.items() if k not in _UNSUPPORTED}  # the rest: RuntimeConfig checks them
     if process_group is not None and process_group is not dist.group.WORLD:
         raise GradschedError(f"{where}: only the default process group is supported (process_group=None)")
     if dim != 0:
