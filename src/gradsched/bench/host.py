@@ -33,4 +33,5 @@ class HostCpu:
     def stop(self) -> None:
         busy, total = _busy_total()
         if self._start is not None and total > self._start[1]:
-            self.busy = (busy - self._start[0]) / (total - self._start[1])
+            # the counters are sums of floats: an idle stretch can come out a hair below 0
+            self.busy = min(1.0, max(0.0, (busy - self._start[0]) / (total - self._start[1])))
