@@ -9,7 +9,8 @@ simulator's prediction) / ratio to the bound / speed-up over the reference" (DDP
 a policy that lost its measured trial and ran DDP-style buckets. Where the JSON has them,
 a column gives how busy the host's CPUs were computing only / communicating only / [through
 the servers /] over the policies' runs (lowest-highest), and with parameter servers a
-column gives the communication alone through the servers (docs/bench.md). Runs with ``--autotune``
+column gives the communication alone through the servers (docs/bench.md); with ``--compression``,
+a column gives the communication alone in the wire dtype (what the compressed runs' predictions use). Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
 
@@ -54,7 +55,9 @@ def table(data: dict) -> str:
     servers = f" + {data['servers']} servers" if data.get("arch") == "ps" else ""
     host = all(s.get("host_cpu_busy_compute") is not None for s in data["settings"])
     through = all(s.get("comm_servers_s") is not None for s in data["settings"])
-    extra = (["through servers ms"] if through else []) + (["CPU busy %"] if host else [])
+    wire = all(s.get("comm_wire_s") is not None for s in data["settings"])  # --compression
+    extra = ([f"{data['compression']} comm ms"] if wire else []) + (["through servers ms"] if through else []) \
+        + (["CPU busy %"] if host else [])
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')})", "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "
              + " | ".join(policies) + " |",
@@ -62,7 +65,8 @@ def table(data: dict) -> str:
     for setting in data["settings"]:
         bandwidth = setting["bandwidth_gbps"]
         rows = [r for r in results if r["bandwidth_gbps"] == bandwidth]
-        measured = ([f"{setting['comm_servers_s'] * 1e3:.0f}"] if through else []) + ([_host_cpu(setting, rows)] if host else [])
+        measured = ([f"{setting['comm_wire_s'] * 1e3:.0f}"] if wire else []) \
+            + ([f"{setting['comm_servers_s'] * 1e3:.0f}"] if through else []) + ([_host_cpu(setting, rows)] if host else [])
         cells = []
         for policy in policies:
             row = next(r for r in results if r["policy"] == policy and r["bandwidth_gbps"] == bandwidth)

@@ -46,14 +46,17 @@ def test_table_output_and_speedup_without_fifo_row(capsys):
     assert not any(line.strip().startswith("fifo") for line in out.splitlines())
 
 
-def test_trace_is_valid_chrome_json_without_overlaps_per_track(capsys, tmp_path):
+@pytest.mark.parametrize("compression", [[], ["--compression", "bf16", "--cast-cost", "0.2ns"]])
+def test_trace_is_valid_chrome_json_without_overlaps_per_track(capsys, tmp_path, compression):
     trace = tmp_path / "t.json"
     code, _, err = run(capsys, "simulate", "--model", "resnet50", "--policy", "fifo,prophet", "--iterations", "6",
-                       "--arch", "ps", "--trace", str(trace))
+                       "--arch", "ps", "--trace", str(trace), *compression)
     assert code == 0, err
     events = json.loads(trace.read_text())["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {n for n in names.values()} >= {"compute", "push (bytes on the wire)", "pull (bytes on the wire)", "in flight 0"}
+    casts = {"cast (to and from the wire dtype)", "cast back (to and from the wire dtype)"}
+    assert casts <= set(names.values()) if compression else not casts & set(names.values())
     tracks: dict = {}
     for e in events:
         if e["ph"] == "X":
@@ -165,3 +168,21 @@ def test_simulate_with_compression_halves_the_bytes_on_the_wire(capsys):
         figures[bool(extra)] = json.loads(capsys.readouterr().out)["results"][0]
     assert figures[True]["comm_s"] == pytest.approx(figures[False]["comm_s"] / 2, rel=1e-9)
     assert figures[True]["compute_s"] == figures[False]["compute_s"]
+
+
+def test_compression_casts_cost_what_the_device_preset_or_cast_cost_says(capsys):
+    from gradsched.cli import main
+    from gradsched.models import get_device
+
+    setting = ["simulate", "--model", "resnet50", "--workers", "16", "--bandwidth", "10Gbit", "--policy", "fifo",
+               "--compression", "bf16", "--json"]
+    times = {}
+    for extra in (["--cast-cost", "0"], [], ["--cast-cost", "1ns"]):
+        assert main(setting + extra) == 0
+        row = json.loads(capsys.readouterr().out)["results"][0]
+        times[tuple(extra)] = row["iteration_s"]
+    assert get_device("v100").cast_s_per_byte == pytest.approx(3 / 750e9)
+    # fifo's last bucket is cast and cast back after the backward pass: never free
+    assert times[("--cast-cost", "0")] < times[()] < times[("--cast-cost", "1ns")]
+    assert main(setting[:-3] + ["--cast-cost", "1ns"]) == 2
+    assert "--cast-cost needs --compression" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def test_the_readme_measured_tables_are_what_their_json_prints(name):
 
 
 @pytest.mark.parametrize("name", ["bench-clip-resnet50", "bench-clip-resnet50-own-plans", "bench-bf16-resnet50",
-                                  "bench-bf16-transformer"])
+                                  "bench-bf16-transformer", "bench-ps-resnet50-uncompressed", "bench-bf16-ps-resnet50"])
 def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "runtime.md").read_text()
 

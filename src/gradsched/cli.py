@@ -23,7 +23,7 @@ from .progress import Progress
 from .cli_args import Parser, UsageError, bandwidths, parse_sets, split_list
 from .core import POLICIES, policy_config
 from .core.base import PolicyConfig
-from .models import DEVICES, MODELS, ModelTable, model_table
+from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
 from .units import parse_duration
@@ -47,7 +47,11 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
     p.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
     p.add_argument("--compression", choices=["bf16", "fp16"],
-                   help="gradients travel as bf16/fp16: 2 bytes per element on the wire (the casts are not modelled)")
+                   help="gradients travel as bf16/fp16: 2 bytes per element on the wire, and each message is cast "
+                        "to it and back")
+    p.add_argument("--cast-cost", metavar="DURATION",
+                   help="with --compression: time per wire byte of each cast, e.g. 0.25ns (default: from the "
+                        "--device preset's memory bandwidth; 'gradsched bench --compression' measures a host's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +116,19 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     latency = parse_duration(args.latency)
     if args.servers and args.arch != "ps":
         raise UsageError("--servers needs --arch ps")
-    return [Cluster(args.workers, b, latency, args.arch, args.servers) for b in rates]
+    cast = _cast_cost(args)
+    return [Cluster(args.workers, b, latency, args.arch, args.servers, cast_s_per_byte=cast) for b in rates]
+
+
+def _cast_cost(args: argparse.Namespace) -> float:
+    """Seconds per wire byte of each of compression's casts (0 without compression)."""
+    if args.cast_cost is not None and not args.compression:
+        raise UsageError("--cast-cost needs --compression")
+    if not args.compression:
+        return 0.0
+    if args.cast_cost is not None:
+        return parse_duration(args.cast_cost)
+    return get_device(args.device).cast_s_per_byte
 
 
 def _writable(path: str | None, flag: str) -> None:

@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -245,6 +246,9 @@ def test_loopback_run_is_labelled_unlimited_and_clipping_rows_follow_each_policy
     rows = [line.split()[0] for line in out.stdout.splitlines() if line.strip().startswith(("ddp", "bytescheduler"))]
     assert rows == ["ddp", "ddp+clip", "ddp-bf16", "ddp-fp16", "bytescheduler", "bytescheduler+clip"], out.stdout
     assert "compression: gradsched's policies send bf16" in out.stdout
+    # the compressed runs are predicted on the measured bf16 rate and casts
+    assert re.search(r"compressed: communication only [\d.]+ ms in bf16, casts [\d.e+-]+ ns per wire byte", out.stdout)
+    assert re.search(r"^  bytescheduler +[\d.]+ +[\d.]+ +[\d.]+x +[\d.]+ms", out.stdout, re.M), out.stdout
 
 
 def test_parameter_servers_and_autotune_on_loopback(tmp_path):

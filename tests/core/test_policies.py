@@ -30,6 +30,24 @@ def test_fifo_buckets_match_ddp(seed):
     assert ours == [[reverse[i].name for i in bucket] for bucket in theirs]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_ddp_buckets_counted_on_a_compressed_wire_are_ddps_buckets(seed):
+    """Compressed (2 bytes per float32 element on the wire), the fallback's buckets hold the
+    same tensors as DDP's, whose caps count the float32 gradient bytes."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, 4_000_000) for _ in range(rng.randint(5, 60))]
+    wire = [TensorSpec(f"t{i}", n, layer=i, priority=i, element_size=2) for i, n in enumerate(sizes)][::-1]
+    cap = rng.choice([25 << 20, 4 << 20])
+    config = FifoConfig.ddp_buckets(cap, wire_ratio=0.5)
+    ours = assign_buckets(wire, config.first_bucket_bytes, config.bucket_cap_bytes)
+    theirs, _ = dist._compute_bucket_assignment_by_size(
+        [torch.empty(t.numel) for t in wire], [dist._DEFAULT_FIRST_BUCKET_BYTES, cap], [False] * len(wire))
+    assert ours == [[wire[i].name for i in bucket] for bucket in theirs]
+    assert len(ours) > 2
+
+
 def run(engine, events):
     """Apply ("ready", name) / ("done", k) events; k indexes launched messages. Returns
     the launched messages' names in launch order."""

@@ -32,6 +32,16 @@ def test_the_ddp_drop_in_takes_compression_too(world_of_one):
     model.close()
 
 
+@pytest.mark.parametrize("compression, cap", [(None, 3 << 20), ("bf16", 3 << 19)])
+def test_the_fallbacks_buckets_are_ddps_counted_in_wire_bytes(world_of_one, compression, cap):
+    """DDP caps buckets in float32 gradient bytes, also with a compression hook; the plans
+    count wire bytes, so compressed the fallback's caps are halved (the same tensors per bucket)."""
+    model = gradsched.DistributedDataParallel(nn.Linear(4, 4), compression=compression, bucket_cap_mb=3)
+    buckets = model._binder.coordinator.planner._buckets()
+    assert (buckets.bucket_cap_bytes, buckets.first_bucket_bytes) == (cap, cap // 3)
+    model.close()
+
+
 def test_wire_copies_are_reused_from_round_to_round():
     from gradsched.runtime.compression import WireBuffers
 
@@ -46,3 +56,23 @@ def test_wire_copies_are_reused_from_round_to_round():
     wire.cast(3, 0, [flat])
     assert sorted(wire._cache) == [2, 3]  # the latest two versions are kept
     assert WireBuffers(None).cast(1, 0, [flat])[0] is flat
+
+
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_the_probe_measures_the_wire_dtype_and_the_casts(world_of_one, monkeypatch, wire):
+    """The prediction of a compressed run needs the rate of all-reducing the wire dtype and
+    what casting to it and back costs (measured on a real tensor; a cast of 1 MiB cannot be free)."""
+    import torch.distributed as dist
+    from gradsched.runtime.probe import cast_cost, probe_link
+
+    reduced = []  # (elements, dtype) of every all-reduce the probe runs (they still run)
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: reduced.append((t.numel(), t.dtype)) or real(t, *a, **k))
+    plain = probe_link(None, large_elements=1 << 18, repeats=3)
+    assert {dtype for n, dtype in reduced if n > 16} == {torch.float32}
+    reduced.clear()
+    compressed = probe_link(None, large_elements=1 << 18, repeats=3, wire=wire)
+    assert {dtype for n, dtype in reduced if n > 16} == {wire}
+    assert plain.cast_s_per_byte == 0.0 and plain.seconds_per_byte > 0
+    assert compressed.cast_s_per_byte > 0 and compressed.seconds_per_byte > 0
+    assert 0 < cast_cost(wire, elements=1 << 19, repeats=3) < 1e-6  # well under a microsecond per byte on any CPU

@@ -136,3 +136,22 @@ def test_online_trust_region_keeps_user_ranges_and_the_start_inside():
     assert (dims["partition_bytes"].low, dims["partition_bytes"].high) == (64 * KiB, 2 * MiB)  # 1/8x..8x, clipped
     assert (dims["credit_bytes"].low, dims["credit_bytes"].high) == (1 * MiB, 2 * MiB)  # the user's range
     assert (dims["stage_factor"].low, dims["stage_factor"].high) == (1.2, 8.0)  # not a size: unchanged
+
+
+def test_cli_tune_accounts_for_compressions_casts(capsys):
+    """The tuner's trials are simulations of the compressed setting: the default's time is the
+    simulator's, casts included (a cast cost this large makes it slower)."""
+    from gradsched.models import model_table
+    from gradsched.sim import Cluster, predict
+    from gradsched.core import policy_config
+
+    setting = ["tune", "--model", "resnet50", "--workers", "8", "--bandwidth", "10Gbit", "--trials", "2", "--json",
+               "--compression", "bf16"]
+    times = []
+    for cost in ("0", "2ns"):
+        assert main(setting + ["--cast-cost", cost]) == 0
+        times.append(json.loads(capsys.readouterr().out)["default"]["iteration_s"])
+    table = model_table("resnet50", 32, "v100").on_the_wire(2)
+    cluster = Cluster(8, 10e9, 50e-6, cast_s_per_byte=2e-9)
+    assert times[1] > times[0] * 1.05
+    assert times[1] == pytest.approx(predict(table, cluster, policy_config("bytescheduler"), iterations=30), rel=0.02)

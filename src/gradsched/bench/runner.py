@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from ..core import POLICIES, MeasuredLink, policy_config
 from ..core.base import PolicyConfig
+from ..core.policies import FifoConfig
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
@@ -147,6 +148,8 @@ class Setting:
     cpu_comm: float | None = None  # and over communication only
     comm_servers_s: float | None = None  # parameter servers: communication only, pushed and pulled through them
     cpu_comm_servers: float | None = None
+    comm_wire_s: float | None = None  # --compression: communication only, the same buckets in the wire dtype
+    cast_s_per_byte: float | None = None  # and casting to it and back, per wire byte
 
     @property
     def bound_s(self) -> float:
@@ -240,7 +243,14 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
     setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"],
                       cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
                       comm_servers_s=statistics.median(raw["comm_servers"]) if "comm_servers" in raw else None,
-                      cpu_comm_servers=host_cpu.get(SERVERS_ONLY))
+                      cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
+                      comm_wire_s=statistics.median(raw["comm_wire"]) if "comm_wire" in raw else None,
+                      cast_s_per_byte=raw.get("cast_s_per_byte"))
+    predicting = cluster  # where gradsched's runs are predicted: compressed ones on the wire dtype's rate, with casts
+    if setting.comm_wire_s is not None:
+        wire_link = MeasuredLink(raw["latency"], raw["overhead"], setting.comm_wire_s / (raw["gradient_bytes"] / 2),
+                                 setting.cast_s_per_byte)
+        predicting = link_cluster(wire_link, config.workers, config.servers if config.arch == "ps" else 0)
     medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
     reference = medians.get("fifo") if config.arch == "ps" else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)
@@ -267,15 +277,19 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset
             table = work.table.on_the_wire(2) if config.compression else work.table
-            row["predicted_s"] = predict(scaled(table, compute), cluster, _ran(config, policy, result))
+            ran = _ran(config, policy, result, table.gradient_bytes / work.table.gradient_bytes)
+            row["predicted_s"] = predict(scaled(table, compute), predicting, ran)
         setting.rows.append(row)
     return setting
 
 
-def _ran(config: BenchConfig, policy: str, result: dict) -> PolicyConfig:
-    """The policy configuration the run ended on (fifo after losing its trial; tuned options)."""
+def _ran(config: BenchConfig, policy: str, result: dict, wire_ratio: float) -> PolicyConfig:
+    """The policy configuration the run ended on (the fallback's buckets after losing its
+    trial: DDP's, with caps scaled to wire bytes; tuned options)."""
     base = policy.partition("+")[0]
     ran = result.get("plan") or base
+    if ran == "fifo" and base != "fifo":
+        return FifoConfig.ddp_buckets(wire_ratio=wire_ratio)
     options = config.policy_options(ran) if ran == base else {}
     tuned = (result.get("autotune") or {}).get("best_options")
     if tuned and ran == base:
@@ -356,6 +370,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
                       "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s,
                       "host_cpu_busy_compute": s.cpu_compute, "host_cpu_busy_comm": s.cpu_comm,
                       "comm_servers_s": s.comm_servers_s, "host_cpu_busy_comm_servers": s.cpu_comm_servers,
+                      "comm_wire_s": s.comm_wire_s, "cast_s_per_byte": s.cast_s_per_byte,
                       "balance_calibration": s.calibration} for s in settings],
         "results": [row for s in settings for row in s.rows],
     }
@@ -391,6 +406,9 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
                      f" bound {s.bound_s * 1e3:.1f} ms{_dependency_note(s)}; per message {s.latency_s * 1e3:.2f} ms alone,"
                      f" {s.overhead_s * 1e3:.2f} ms pipelined")
+        if s.comm_wire_s is not None:
+            lines.append(f"  compressed: communication only {s.comm_wire_s * 1e3:.1f} ms in {config.compression},"
+                         f" casts {s.cast_s_per_byte * 1e9:.3g} ns per wire byte each way (the predictions use both)")
         if s.comm_servers_s is not None:
             lines.append(f"  through the servers: communication only {s.comm_servers_s * 1e3:.1f} ms"
                          f" ({s.comm_servers_s / s.comm_s:.2f}x the link's time for these bytes)")

@@ -26,13 +26,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradsched
 import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 from gradsched.core.policies.fifo import assign_buckets
-from gradsched.runtime.compression import ddp_hook
+from gradsched.runtime.compression import ddp_hook, wire_dtype
 from gradsched.runtime.plans import tensor_specs
-from gradsched.runtime.probe import probe_link
+from gradsched.runtime.probe import cast_cost, probe_link
 from gradsched.runtime.ps import chunks
 
 from .host import HostCpu
-from .protocol import COMM_ONLY, COMPUTE_ONLY, MARK, SERVERS_ONLY
+from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY
 from .workloads import workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
@@ -184,19 +184,27 @@ class _Rank:
             if self.rank >= self.workers:
                 return None
         emit("progress", policy=COMM_ONLY, index=phases - 2, total=phases)
-        buckets = [torch.zeros(n) for n in sizes]
-
-        def communicate() -> None:
-            for work in [dist.all_reduce(b, group=self.group, async_op=True) for b in buckets]:
-                work.wait()
-
-        comm = self._timed(COMM_ONLY, communicate, comm_iters, 2, self.group)
+        comm = self._timed(COMM_ONLY, self._all_reduce([torch.zeros(n) for n in sizes]), comm_iters, 2, self.group)
+        wire = wire_dtype(self.config.get("compression"))
+        if wire is not None:  # what the compressed runs' messages cost: the wire dtype's rate, and the casts
+            buckets = [torch.zeros(n, dtype=wire) for n in sizes]
+            figures["comm_wire"] = self._timed(COMM_WIRE, self._all_reduce(buckets), comm_iters, 2, self.group)
+            figures["cast_s_per_byte"] = cast_cost(wire)
         emit("progress", policy=COMPUTE_ONLY, index=phases - 1, total=phases)
         model, opt = self.fresh()
         compute = self._timed(COMPUTE_ONLY, self.step(model, opt), self.iters, self.warmup, self.group)
         link = probe_link(self.group, tiny_messages=64, repeats=20)  # its per-byte cost is not used
         return {"compute": compute, "comm": comm, "gradient_bytes": gradient_bytes, "world_size": self.workers,
                 "latency": link.alone_s, "overhead": link.pipelined_s, "host_cpu": self.cpu, **figures}
+
+    def _all_reduce(self, buckets: list[torch.Tensor]):
+        """One round of communication only: every bucket all-reduced, all in flight at once."""
+
+        def communicate() -> None:
+            for work in [dist.all_reduce(b, group=self.group, async_op=True) for b in buckets]:
+                work.wait()
+
+        return communicate
 
     def _push_pull(self, sizes: list[int]):
         """One round of communication only through the parameter servers: every message

@@ -136,6 +136,7 @@ class MeasuredLink:
     alone_s: float  # one tiny message at a time: launch to result
     pipelined_s: float  # per tiny message with many in flight: the serial cost pipelining does not hide
     seconds_per_byte: float  # per byte of payload of a large all-reduce among the workers (0: not measured)
+    cast_s_per_byte: float = 0.0  # compression: per wire byte, casting to the wire dtype (and as much back)
 
     @property
     def overhead_s(self) -> float:

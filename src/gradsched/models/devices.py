@@ -19,6 +19,13 @@ class Device:
     launch_s: float  # fixed cost per layer per pass (kernel launches, framework overhead)
     note: str
 
+    @property
+    def cast_s_per_byte(self) -> float:
+        """Compression's cast to a 2-byte wire dtype, per wire byte: a memory-bound copy that
+        reads 4 bytes and writes 2 per element, so 3 bytes moved per wire byte (and as many
+        casting back)."""
+        return 3.0 / (self.memory_gbs * 1e9)
+
     def __post_init__(self) -> None:
         if self.tflops <= 0 or self.memory_gbs <= 0 or self.launch_s < 0:
             raise ValueError(f"device {self.name!r}: rates must be > 0 and launch cost >= 0")

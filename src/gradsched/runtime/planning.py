@@ -36,6 +36,7 @@ from ..core.task import TensorSpec
 from ..models.table import ModelTable
 from ..sim import default_ready_times, make_plan
 from ..sim.predict import predict, ring_cluster
+from .compression import wire_dtype
 from .config import RuntimeConfig
 from .errors import failing_rank
 from .exchange import Exchange
@@ -139,7 +140,7 @@ class Planner:
             if self.settle:
                 self.settle()
             with failing_rank("measuring the link"):
-                self.link = probe_link(self.probe_group, self.device)
+                self.link = probe_link(self.probe_group, self.device, wire=wire_dtype(self.config.compression))
         proposal = [self._propose(round_index, point) if self.rank == 0 else None]
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan"):
@@ -221,16 +222,18 @@ class Planner:
         return self._buckets() if options is None else dataclasses.replace(self.policy, **options)
 
     def _buckets(self) -> FifoConfig:
-        """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``."""
-        return FifoConfig(bucket_cap_bytes=max(1, int(self.config.bucket_cap_mb * (1 << 20))))
+        """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``: the very buckets
+        DDP (with a compression hook, if compressed) would send."""
+        wire_ratio = sum(t.nbytes for t in self.tensors) / sum(n * size for n, size in self.sizes.values())
+        return FifoConfig.ddp_buckets(int(self.config.bucket_cap_mb * (1 << 20)), wire_ratio)
 
     def _prediction(self, timings: list[RoundTiming], link: tuple) -> Prediction | None:
         """The simulator's view of the measured trial, on the probed link (or the estimate)."""
         if not (self.config.fallback and self.config.architecture == "allreduce" and link and timings):
             return None
-        probed = self.link
-        return self._predict(timings, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s)
-                                        if probed else link))
+        probed = self.link  # with compression: in the wire dtype, and the casts' cost
+        return self._predict(timings, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s,
+                                         probed.cast_s_per_byte) if probed else link))
 
     def _estimated_link(self) -> tuple[float, float, float] | tuple[()]:
         """(latency, seconds per byte, per-message overhead) estimated from completed
@@ -256,7 +259,7 @@ class Planner:
                         arm.options if arm.options is not None else "DDP-style buckets", seconds * 1e3)
 
     def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
-                 overhead: float) -> Prediction | None:
+                 overhead: float, cast: float = 0.0) -> Prediction | None:
         """Simulate the measured model under the policy and under fifo on the measured link.
 
         When the measured messages were all about one size, per-message and per-byte costs
@@ -265,19 +268,23 @@ class Planner:
         table = measured_table(timings, self.owners, self.sizes)
         if table is None:
             return None
-        links = [(latency, per_byte, overhead)]
+        wire = wire_dtype(self.config.compression)
+        if wire is not None:  # the measured table has the parameters' own sizes; messages carry wire bytes
+            table = table.on_the_wire(wire.itemsize)
+        links = [(latency, per_byte, overhead, cast)]
         estimator = self.exchange.estimator
         if self.link is None and not estimator.separable:
             _, seconds = estimator.mean_queued
-            links.append((latency, per_byte * 1e-3, seconds))  # (almost) everything per message
+            links.append((latency, per_byte * 1e-3, seconds, cast))  # (almost) everything per message
         verdicts = [self._simulate_both(table, *attribution) for attribution in links]
         ours, fifo = verdicts[0]
         use_fifo = any(o > f * (1.0 - self.config.fallback_gain) for o, f in verdicts)
         return Prediction(table.compute_s, latency, overhead, table.gradient_bytes * per_byte, ours, fifo,
                           separable=len(links) == 1, use_fifo=use_fifo)
 
-    def _simulate_both(self, table: ModelTable, latency: float, per_byte: float, overhead: float) -> tuple[float, float]:
-        cluster = ring_cluster(self.world_size, per_byte, latency, overhead)
+    def _simulate_both(self, table: ModelTable, latency: float, per_byte: float, overhead: float,
+                       cast: float) -> tuple[float, float]:
+        cluster = ring_cluster(self.world_size, per_byte, latency, overhead, cast_s_per_byte=cast)
         return predict(table, cluster, self.policy), predict(table, cluster, self._buckets())
 
 

@@ -31,10 +31,13 @@ def sim_trace(results: Sequence[SimResult]) -> ChromeTrace:
         lanes = {}
         for rec in result.messages:
             for seg in rec.segments:
+                cast = seg.lane.startswith("cast")  # compression's casts, not the wire
                 if seg.lane not in lanes:
                     lanes[seg.lane] = LINK_TID + len(lanes)
-                    trace.name_thread(pid, lanes[seg.lane], f"{seg.lane} (bytes on the wire)")
-                trace.complete(pid, lanes[seg.lane], _label(rec.names), seg.start, seg.end - seg.start, "wire",
+                    trace.name_thread(pid, lanes[seg.lane],
+                                      f"{seg.lane} ({'to and from the wire dtype' if cast else 'bytes on the wire'})")
+                trace.complete(pid, lanes[seg.lane], _label(rec.names), seg.start, seg.end - seg.start,
+                               "cast" if cast else "wire",
                                {"message": rec.id, "bytes": rec.nbytes, "iteration": rec.iteration})
         ordered = sorted(result.messages, key=lambda r: (r.launched, r.id))
         packed = pack_lanes((r.launched, r.completed) for r in ordered)

@@ -15,6 +15,10 @@ class Cluster:
 
     ``ps`` adds ``servers`` parameter servers (default: as many as workers) with links of the
     same bandwidth, the load spread evenly over them.
+
+    ``cast_s_per_byte`` models compression's casts (``--compression``): per byte on the wire,
+    what a worker spends casting a message to the wire dtype before it sends it (one message
+    at a time), and again casting the result back once it arrived. 0: nothing to cast.
     """
 
     workers: int = 16
@@ -23,6 +27,7 @@ class Cluster:
     arch: str = "allreduce"
     servers: int = 0  # ps only; 0 = as many as workers
     overhead_s: float = 0.0  # per message, serial: link time no pipelining hides (framework, launch)
+    cast_s_per_byte: float = 0.0  # per wire byte, each way: compression's casts (see above)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -33,6 +38,8 @@ class Cluster:
             raise ValueError(f"latency must be >= 0, got {self.latency_s!r} s")
         if not self.overhead_s >= 0:
             raise ValueError(f"message overhead must be >= 0, got {self.overhead_s!r} s")
+        if not self.cast_s_per_byte >= 0:
+            raise ValueError(f"cast cost must be >= 0 s per byte, got {self.cast_s_per_byte!r}")
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.arch!r}; choose from: {', '.join(ARCHITECTURES)}")
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 0:
@@ -65,7 +72,8 @@ class Cluster:
     def describe(self) -> str:
         arch = self.arch if self.arch == "allreduce" else f"ps ({self.num_servers} servers)"
         overhead = f" · overhead {format_duration(self.overhead_s)}/message" if self.overhead_s else ""
+        cast = f" · cast {self.cast_s_per_byte * 1e9:.3g} ns/byte" if self.cast_s_per_byte else ""
         return (
             f"{self.workers} workers · {arch} · {format_bandwidth(self.bandwidth_bps)} · "
-            f"latency {format_duration(self.latency_s)}{overhead}"
+            f"latency {format_duration(self.latency_s)}{overhead}{cast}"
         )

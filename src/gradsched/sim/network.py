@@ -11,7 +11,11 @@ Default model (documented in docs/simulator.md):
   at a time leaves it idle for ``latency`` after each;
 * all-reduce: one operation per message, costing ``latency + 2(n-1)/n * b / B`` alone;
 * parameter server: a push on the uplink then, once it completed, a pull on the downlink
-  (both directions are separate FIFO links), each costing ``latency + max(1, n/S) * b / B``.
+  (both directions are separate FIFO links), each costing ``latency + max(1, n/S) * b / B``;
+* compression (a cast cost ``c`` per wire byte): before its first byte leaves, a message is
+  cast to the wire dtype, ``c * b``, by one caster that casts one message at a time (it
+  overlaps the transfer of earlier messages); once the result arrived it is cast back,
+  another ``c * b``, also one message at a time, before it completes.
 
 Every worker runs the same schedule, so one representative worker is simulated.
 """
@@ -25,8 +29,8 @@ from .cluster import Cluster
 
 @dataclass(frozen=True)
 class Segment:
-    lane: str  # "link", or "push" / "pull"
-    start: float  # first byte on the wire
+    lane: str  # "link", or "push" / "pull"; "cast" / "cast back" for compression's casts
+    start: float  # first byte on the wire (of a cast: its start)
     end: float  # last byte on the wire
 
 
@@ -40,13 +44,34 @@ class Network:
     """FIFO links of one worker. ``submit`` returns the whole future of a message at once,
     which is exact because service is FIFO and never preempted."""
 
-    lanes: tuple[str, ...] = ("link",)
+    lanes: tuple[str, ...] = ("link",)  # the wire's (casts are not the wire's)
 
-    def __init__(self, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0) -> None:
+    def __init__(self, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0,
+                 cast_s_per_byte: float = 0.0) -> None:
         self.latency = latency_s
         self.per_byte = seconds_per_byte
         self.overhead = overhead_s
+        self.cast = cast_s_per_byte
         self.free = {lane: 0.0 for lane in self.lanes}
+        self.caster_free = self.back_free = 0.0
+
+    def _cast(self, nbytes: int, at: float) -> tuple[Segment, ...]:
+        """The cast to the wire dtype of a message launched at ``at`` (none without compression)."""
+        if not self.cast:
+            return ()
+        start = max(at, self.caster_free)
+        self.caster_free = start + nbytes * self.cast
+        return (Segment("cast", start, self.caster_free),)
+
+    def _transfer(self, nbytes: int, wire: tuple[Segment, ...], cast: tuple[Segment, ...]) -> Transfer:
+        """The message's future: its wire segments first, then its casts; it completes one
+        latency after its last byte, and a cast back later."""
+        arrived = wire[-1].end + self.latency
+        if not cast:
+            return Transfer(wire, arrived)
+        start = max(arrived, self.back_free)
+        self.back_free = start + nbytes * self.cast
+        return Transfer(wire + cast + (Segment("cast back", start, self.back_free),), self.back_free)
 
     def _serve(self, lane: str, nbytes: int, at: float) -> Segment:
         start = max(at, self.free[lane])
@@ -55,19 +80,21 @@ class Network:
         return Segment(lane, start, end)
 
     def submit(self, nbytes: int, now: float) -> Transfer:
-        seg = self._serve("link", nbytes, now)
-        return Transfer((seg,), seg.end + self.latency)
+        cast = self._cast(nbytes, now)
+        seg = self._serve("link", nbytes, cast[0].end if cast else now)
+        return self._transfer(nbytes, (seg,), cast)
 
 
 class PushPull(Network):
     lanes = ("push", "pull")
 
     def submit(self, nbytes: int, now: float) -> Transfer:
-        push = self._serve("push", nbytes, now)
+        cast = self._cast(nbytes, now)
+        push = self._serve("push", nbytes, cast[0].end if cast else now)
         pull = self._serve("pull", nbytes, push.end + self.latency)
-        return Transfer((push, pull), pull.end + self.latency)
+        return self._transfer(nbytes, (push, pull), cast)
 
 
 def make_network(cluster: Cluster) -> Network:
     kind = PushPull if cluster.arch == "ps" else Network
-    return kind(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s)
+    return kind(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte)

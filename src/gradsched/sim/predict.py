@@ -25,19 +25,21 @@ from .simulator import simulate
 
 def link_cluster(link: MeasuredLink, workers: int, servers: int = 0) -> Cluster:
     """The simulator's cluster with a measured link (parameter servers when ``servers`` > 0)."""
-    return ring_cluster(workers, link.seconds_per_byte, link.latency_s, link.overhead_s, servers)
+    return ring_cluster(workers, link.seconds_per_byte, link.latency_s, link.overhead_s, servers,
+                        link.cast_s_per_byte)
 
 
 def ring_cluster(workers: int, seconds_per_byte: float, latency_s: float, overhead_s: float,
-                 servers: int = 0) -> Cluster:
+                 servers: int = 0, cast_s_per_byte: float = 0.0) -> Cluster:
     """A cluster whose links give a ring all-reduce among ``workers`` the measured cost per
-    payload byte (each link carries 2(n-1)/n of the payload)."""
+    payload byte (each link carries 2(n-1)/n of the payload), and compression's measured
+    cast cost per wire byte."""
     if not seconds_per_byte > 0:
         raise ValueError(f"seconds per byte must be > 0, got {seconds_per_byte!r}")
     n = workers
     bandwidth = 8.0 * 2 * (n - 1) / n / seconds_per_byte if n > 1 else 8.0 / seconds_per_byte
     return Cluster(workers, bandwidth_bps=bandwidth, latency_s=latency_s, overhead_s=overhead_s,
-                   arch="ps" if servers else "allreduce", servers=servers)
+                   arch="ps" if servers else "allreduce", servers=servers, cast_s_per_byte=cast_s_per_byte)
 
 
 def scaled(table: ModelTable, compute_s: float) -> ModelTable:

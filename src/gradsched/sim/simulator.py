@@ -250,7 +250,8 @@ class _Run:
         busy = {lane: 0.0 for lane in self.network.lanes}
         for record in self.messages:
             for seg in record.segments:
-                busy[seg.lane] += max(0.0, min(seg.end, hi) - max(seg.start, lo))
+                if seg.lane in busy:  # the wire's lanes, not compression's casts
+                    busy[seg.lane] += max(0.0, min(seg.end, hi) - max(seg.start, lo))
         utilisation = max(busy.values()) / (hi - lo) if hi > lo else float("nan")
         return SimResult(
             model=self.model.name,

@@ -89,3 +89,17 @@ class FifoConfig(PolicyConfig):
     def build(self) -> Policy:
         flow = InOrderBuckets(self.first_bucket_bytes, self.bucket_cap_bytes)
         return Policy(self.name, WholeTensors(), ReverseForward(), flow, cross_barrier=False)
+
+    @classmethod
+    def ddp_buckets(cls, bucket_cap_bytes: int = 25 * MiB, wire_ratio: float = 1.0) -> FifoConfig:
+        """DDP's buckets as a plan counts bytes. DDP caps its buckets (``bucket_cap_bytes``,
+        and its 1 MiB first one) in gradient bytes of the parameters' own dtype, also under a
+        compression hook; a plan counts bytes on the wire, ``wire_ratio`` of those (0.5 for
+        float32 gradients sent as bf16/fp16), so the same buckets have caps that much smaller.
+
+        >>> FifoConfig.ddp_buckets(wire_ratio=0.5).bucket_cap_bytes == 25 * MiB // 2
+        True
+        """
+        require(wire_ratio > 0, f"fifo: wire_ratio must be > 0, got {wire_ratio}")
+        return cls(bucket_cap_bytes=max(1, int(bucket_cap_bytes * wire_ratio)),
+                   first_bucket_bytes=max(1, int(cls.first_bucket_bytes * wire_ratio)))
