@@ -15,6 +15,8 @@ from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError
 from .optimizer import ScheduledOptimizer
+from . import wire_format
+from .wire_format import RankChecks
 
 
 def check_arguments(model: nn.Module) -> None:
@@ -100,33 +102,28 @@ def warn_stray(stray: Sequence[str]) -> None:
 
 
 def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], policy: dict[str, Any],
-                       config: RuntimeConfig, group: dist.ProcessGroup, world: int) -> None:
+                       config: RuntimeConfig, group: dist.ProcessGroup) -> None:
     """Same structure, same configuration and (unless broadcast) same values everywhere."""
     structure = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, params)]
     with torch.no_grad():
         sums = [(float(p.detach().double().sum()), float(p.detach().double().square().sum())) for p in params]
-    mine = {
-        "structure": structure,
-        "config": json.dumps({"policy": policy, "runtime": config.fingerprint()}, sort_keys=True),
-        "sums": sums,
-    }
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine, group=group)
+    mine = RankChecks(structure, json.dumps({"policy": policy, "runtime": config.fingerprint()}, sort_keys=True), sums)
+    everyone = wire_format.all_gather("checks", mine, group)  # each decoded, this rank's too
     base = everyone[0]
     for other_rank, other in enumerate(everyone):
-        if other["structure"] != base["structure"]:
+        if other.structure != base.structure:
             raise GradschedError(
                 f"gradsched.wrap: rank {other_rank} has different parameters than rank 0 "
-                f"({_structure_difference(base['structure'], other['structure'], other_rank)}): every rank must "
+                f"({_structure_difference(base.structure, other.structure, other_rank)}): every rank must "
                 "wrap the same model"
             )
-        if other["config"] != base["config"]:
+        if other.config != base.config:
             raise GradschedError(f"gradsched.wrap: rank {other_rank} passed a different configuration than rank 0: "
-                                 f"{_differences(json.loads(base['config']), json.loads(other['config']))}")
+                                 f"{_differences(json.loads(base.config), json.loads(other.config))}")
     if config.broadcast_parameters:
         return
     for other_rank, other in enumerate(everyone):
-        for name, a, b in zip(names, base["sums"], other["sums"]):
+        for name, a, b in zip(names, base.sums, other.sums):
             if a != b:
                 raise GradschedError(
                     f"gradsched.wrap: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "

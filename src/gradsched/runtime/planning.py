@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -43,6 +42,8 @@ from .exchange import Exchange
 from .probe import probe_link
 from .profiling import RoundTiming, measured_table
 from .stats import Prediction
+from . import wire_format
+from .wire_format import Proposal
 
 logger = logging.getLogger("gradsched")
 
@@ -50,16 +51,6 @@ logger = logging.getLogger("gradsched")
 def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str) -> Plan:
     """The plan before anything is measured: gradients guessed ready in reverse order."""
     return make_plan(tensors, default_ready_times(tensors), policy, arch=arch)
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What rank 0 broadcasts at a control point."""
-
-    plan: Plan | None  # None: keep the plan in use
-    prediction: Prediction | None = None
-    trial: TrialReport | None = None
-    tuning: TuningReport | None = None
 
 
 class Planner:
@@ -141,12 +132,13 @@ class Planner:
                 self.settle()
             with failing_rank("measuring the link"):
                 self.link = probe_link(self.probe_group, self.device, wire=wire_dtype(self.config.compression))
-        proposal = [self._propose(round_index, point) if self.rank == 0 else None]
+        proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan"):
-                dist.broadcast_object_list(proposal, src=0, group=self.group)
-        if proposal[0] is not None:
-            self._adopt(proposal[0], round_index + 1)
+                proposal = wire_format.broadcast("proposal", proposal, 0, self.group)
+        if proposal.plan is not None:
+            wire_format.check_plan(proposal.plan, self.tensors, "rank 0")
+        self._adopt(proposal, round_index + 1)
 
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
         self.prediction = proposal.prediction or self.prediction

@@ -21,13 +21,13 @@ Rounds. With the first message of each round a worker sends every server a heade
 ``(round, plan version)``; the servers answer a round only once every worker announced it, with the same
 plan, so a server never mixes rounds. A header of ``(-1, 0)`` says the worker is done.
 
-Plans travel to servers as pickled bytes (a size, then the payload) on a separate gloo
-group; a size of 0 ends the stream.
+Plans travel to servers in gradsched's wire format (:mod:`gradsched.runtime.wire_format`: a
+size, then the message; nothing is unpickled) on a separate gloo group; a size of 0 ends the
+stream.
 """
 
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 from typing import Callable, Mapping, Sequence
@@ -40,6 +40,8 @@ from .compression import WireBuffers
 from .errors import GradschedError
 from .plans import Adopted, PlanVersions
 from .transport import MessageKey, Reduced
+from . import wire_format
+from .wire_format import PlanUpdate
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -68,28 +70,6 @@ def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype]) 
     if len(totals) > MAX_DTYPES:
         raise GradschedError(f"a message holds more than {MAX_DTYPES} dtypes")
     return [(d, totals[d]) for d in sorted(totals, key=str)]
-
-
-def send_object(obj: object | None, dst: int, group: dist.ProcessGroup) -> tuple[list, list]:
-    """Start sending a picklable object (``None``: the end of the stream); returns the
-    works and the tensors that must stay alive until they complete."""
-    if obj is None:
-        size = torch.zeros(1, dtype=torch.int64)
-        return [dist.isend(size, dst=dst, group=group)], [size]
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    size = torch.tensor([payload.numel()], dtype=torch.int64)
-    return [dist.isend(size, dst=dst, group=group), dist.isend(payload, dst=dst, group=group)], [size, payload]
-
-
-def recv_object(src: int, group: dist.ProcessGroup, size: torch.Tensor, size_work: dist.Work) -> object | None:
-    """Finish receiving an object whose size ``irecv`` (into ``size``) was posted earlier."""
-    size_work.wait()
-    n = int(size.item())
-    if n == 0:
-        return None
-    payload = torch.empty(n, dtype=torch.uint8)
-    dist.recv(payload, src=src, group=group)
-    return pickle.loads(payload.numpy().tobytes())
 
 
 class Waiter:
@@ -170,7 +150,7 @@ class PushPull:
             self._plans[adopted.version] = adopted.plan
         if self.rank == 0:
             for server in self.servers:
-                self._hold(*send_object((adopted.version, adopted.plan), server, self.plans_group))
+                self._hold(*wire_format.send("plan", PlanUpdate(adopted.version, adopted.plan), server, self.plans_group))
 
     def _header(self, round_index: int, version: int) -> None:
         header = torch.tensor([round_index, version], dtype=torch.int64)
@@ -231,7 +211,7 @@ class PushPull:
             self._header(*STOP)
             if self.rank == 0:
                 for server in self.servers:
-                    self._hold(*send_object(None, server, self.plans_group))
+                    self._hold(*wire_format.send("plan", None, server, self.plans_group))
             for works, _ in self._held:
                 for work in works:
                     work.wait()

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from ..core.plan import Plan
 from .errors import GradschedError
-from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag, recv_object
+from . import wire_format
+from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag
 from .topology import Topology
 
 
@@ -58,14 +59,16 @@ class Server:
     def _receive_plan(self) -> None:
         """Take the next object of rank 0's plan stream (a plan, or its end)."""
         try:
-            got = recv_object(0, self.plans_group, self._size, self._size_work)
+            got = wire_format.receive("plan", 0, self.plans_group, self._size, self._size_work)
+        except GradschedError:
+            raise
         except RuntimeError as exc:
             raise GradschedError(f"parameter server rank {self.rank}: receiving a plan from rank 0 failed ({exc})") from exc
         if got is None:
             self._plans_done = True
             return
-        number, plan = got
-        self.plans[number] = plan
+        wire_format.check_plan_names(got.plan, self.dtype_of, "rank 0")
+        self.plans[got.version] = got.plan
         self._size = torch.zeros(1, dtype=torch.int64)
         self._size_work = dist.irecv(self._size, src=0, group=self.plans_group)
 

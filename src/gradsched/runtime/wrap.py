@@ -101,7 +101,7 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     topology = Topology.create(config)
     with failing_rank("gradsched.wrap: checking the ranks against each other"):
-        check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone, topology.world_size)
+        check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
         check_backend(config.compression, topology.group("data"))
     if config.broadcast_parameters:
