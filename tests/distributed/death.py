@@ -3,12 +3,14 @@
 The rank named by VICTIM (default 1) kills itself (SIGKILL, no clean-up): a worker after 25
 steps, a parameter server (SERVERS > 0: the last ranks) when it starts its 25th round. With
 HANG=S a worker victim instead stops responding for S seconds (it sleeps, its connections
-open), so the others can only notice through the timeout (TIMEOUT, default 30 s).
+open), so the others can only notice through the timeout (TIMEOUT, default 30 s); with
+STOP=S it is stopped (SIGSTOP) instead, and SIGKILLed S seconds later by a process it started.
 Prints one JSON line per surviving rank."""
 
 import json
 import os
 import signal
+import subprocess
 import time
 
 import torch
@@ -22,6 +24,7 @@ rank = dist.get_rank()
 victim = int(os.environ.get("VICTIM", "1"))
 servers = int(os.environ.get("SERVERS", "0"))
 hang_s = float(os.environ.get("HANG", "0"))
+stop_s = float(os.environ.get("STOP", "0"))
 ps = {"architecture": "ps", "servers": servers} if servers else {}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
@@ -53,6 +56,9 @@ try:
             if hang_s:
                 time.sleep(hang_s)
                 os._exit(4)  # the others gave up on this rank long ago
+            if stop_s:
+                subprocess.Popen(["sh", "-c", f"sleep {stop_s}; kill -KILL {os.getpid()}"], start_new_session=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
             os.kill(os.getpid(), signal.SIGKILL)
 except Exception as exc:  # noqa: BLE001 - the point of the test
     print(json.dumps({"steps": steps, "type": type(exc).__name__, "message": str(exc)[:300],

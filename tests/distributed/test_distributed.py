@@ -156,10 +156,12 @@ def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path
     assert won[-1], f"bytescheduler lost its trial in all of {len(won)} runs"
 
 
-def test_a_hung_rank_makes_the_others_fail_after_the_timeout():
-    """A rank that stops responding (its connections stay open) is noticed only through
-    ``timeout``: the others raise then, naming the wait, not before and not much after."""
-    results = run_ranks("death.py", 2, timeout=90, env={"HANG": "15", "TIMEOUT": "3"})
+@pytest.mark.parametrize("how", ["HANG", "STOP"])
+def test_a_hung_rank_makes_the_others_fail_after_the_timeout(how):
+    """A rank that stops responding (its connections stay open: it sleeps, or is stopped
+    with SIGSTOP) is noticed only through ``timeout``: the others raise then, naming the
+    wait, not before and not much after."""
+    results = run_ranks("death.py", 2, timeout=90, env={how: "15", "TIMEOUT": "3"})
     survivor = results[0]
     assert survivor.returncode != 0, survivor.stderr[-3000:]
     report = json.loads(survivor.stdout.strip().splitlines()[-1])
