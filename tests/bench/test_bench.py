@@ -3,10 +3,8 @@ through network namespaces and tc). Skipped where namespaces cannot be created."
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,28 +16,9 @@ import pytest
 from gradsched.bench import EmulatedCluster, available, remove_stale
 from gradsched.bench.netns import PREFIX, _run_id
 
+from netns_helpers import HAVE_NETNS, needs_netns
+
 ROOT = Path(__file__).resolve().parents[2]
-HAVE_NETNS, WHY = available()
-# CI runs as root, where namespaces must work: there a test that cannot make them fails
-# instead of skipping silently (.ci/run sets this)
-REQUIRED = os.environ.get("GRADSCHED_REQUIRE_NETNS") == "1"
-
-
-def needs_netns(test):
-    """Run ``test`` only where network namespaces can be made: skipped elsewhere, failed
-    where they are required."""
-    if HAVE_NETNS:
-        return test
-    if not REQUIRED:
-        return pytest.mark.skip(reason=f"no network namespaces here: {WHY}")(test)
-
-    @functools.wraps(test)
-    def fail(*args, **kwargs):
-        pytest.fail(f"GRADSCHED_REQUIRE_NETNS=1, but no network namespaces here: {WHY}")
-
-    return fail
-
-
 def leftovers() -> list[str]:
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
