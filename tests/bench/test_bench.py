@@ -189,6 +189,10 @@ def test_timeout_cleans_up():
         (["--clip", "-1"], "--clip must be a norm >= 0"),
         (["--balance", "--sweep-bandwidth", "1,2"], "--balance finds one bandwidth"),
         (["--balance", "--loopback"], "--balance finds one bandwidth"),
+        (["--nodes", "2", "--workers", "4"], "give --workers or --nodes"),
+        (["--nodes", "0"], "--nodes must be >= 1"),
+        (["--procs-per-node", "0"], "--procs-per-node must be a whole number >= 1"),
+        (["--workers", "3", "--procs-per-node", "2"], "3 ranks do not fill hosts of 2 processes"),
     ],
 )
 def test_bench_rejects_bad_input(argv, message):

@@ -5,6 +5,7 @@ the parameters of a one-host run of the same four ranks. Namespaces are removed 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gradsched.bench import EmulatedCluster
+from gradsched.bench.netns import PREFIX
 from netns_helpers import needs_netns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +78,18 @@ def _initial() -> dict:
     finally:
         sys.path.pop(0)
     return make_model().state_dict()
+
+
+@needs_netns
+def test_the_bench_runs_hosts_of_several_ranks():
+    """``--nodes 2 --procs-per-node 2``: four ranks in two namespaces, two sharing each link."""
+    out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--nodes", "2",
+                          "--procs-per-node", "2", "--bandwidth", "2Gbit", "--iters", "3", "--warmup", "1",
+                          "--policy", "ddp,bytescheduler", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    assert data["workers"] == 4 and data["procs_per_node"] == 2 and data["emulated_network"]
+    assert [r["policy"] for r in data["results"]] == ["ddp", "bytescheduler"]
+    assert data["results"][1]["predicted_s"] > 0
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(PREFIX)]

@@ -24,12 +24,16 @@ def add_parser(sub) -> None:
     names = ", ".join([*REAL, *REPLAY])
     bench = sub.add_parser(
         "bench", help="DDP against every policy on an emulated bandwidth-limited cluster",
-        description="Run real training processes, one per Linux network namespace, joined by a bridge, each "
+        description="Run real training processes in Linux network namespaces (one per rank, or per host of "
+                    "--procs-per-node ranks), joined by a bridge, each "
                     "link limited with tc in both directions, and compare DDP with every policy against the "
                     "bound max(compute, communication). Needs root and iproute2; otherwise runs on loopback "
                     "without a limit (and says so).")
     bench.add_argument("--model", default="mlp", help=f"one of: {names} (default mlp)")
-    bench.add_argument("--workers", type=int, default=2, help="training ranks (default 2)")
+    bench.add_argument("--workers", type=int, help="training ranks (default 2, or --nodes x --procs-per-node)")
+    bench.add_argument("--nodes", type=int, help="emulated hosts of training ranks (instead of --workers)")
+    bench.add_argument("--procs-per-node", type=int, default=1,
+                       help="ranks per emulated host, sharing its namespace and its link (default 1)")
     bench.add_argument("--arch", default="allreduce", choices=("allreduce", "ps"),
                        help="all-reduce (default) or parameter servers (ps: compared with the fifo policy)")
     bench.add_argument("--servers", type=int, default=0, help="parameter servers, each a rank of its own (--arch ps)")
@@ -73,8 +77,13 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     policies = tuple(split_list(args.policy, "--policy"))
     if len(set(policies)) != len(policies):
         raise UsageError(f"policy listed twice in {args.policy!r}")
+    if args.nodes is not None and args.workers is not None:
+        raise UsageError("give --workers or --nodes (with --procs-per-node), not both")
+    if args.nodes is not None and args.nodes < 1:
+        raise UsageError(f"--nodes must be >= 1, got {args.nodes}")
+    workers = args.nodes * args.procs_per_node if args.nodes is not None else (2 if args.workers is None else args.workers)
     return BenchConfig(
-        model=args.model, workers=args.workers, bandwidths_bps=tuple(rates),
+        model=args.model, workers=workers, procs_per_node=args.procs_per_node, bandwidths_bps=tuple(rates),
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,

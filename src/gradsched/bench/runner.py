@@ -58,6 +58,7 @@ class BenchConfig:
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
     clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
     compression: str | None = None  # "bf16"/"fp16": gradsched's policies run with wrap(compression=...)
+    procs_per_node: int = 1  # ranks per emulated host (a namespace, one tc-limited link shared by its ranks)
     balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
     #   by calibration runs starting from bandwidths_bps[0]
 
@@ -75,6 +76,11 @@ class BenchConfig:
                                  "policy over the servers: drop them from --policy")
         elif self.servers:
             raise ValueError("--servers only applies to --arch ps")
+        if isinstance(self.procs_per_node, bool) or not isinstance(self.procs_per_node, int) \
+                or self.procs_per_node < 1:
+            raise ValueError(f"--procs-per-node must be a whole number >= 1, got {self.procs_per_node!r}")
+        if self.ranks % self.procs_per_node:
+            raise ValueError(f"{self.ranks} ranks do not fill hosts of {self.procs_per_node} processes")
         if self.iters < 3 or self.warmup < 0:
             raise ValueError(f"iters must be >= 3 and warmup >= 0, got {self.iters} and {self.warmup}")
         unknown = [p for p in self.policies if p not in BASELINES]
@@ -100,6 +106,11 @@ class BenchConfig:
     @property
     def ranks(self) -> int:
         return self.workers + self.servers
+
+    @property
+    def hosts(self) -> int:
+        """Emulated hosts: rank r runs on host r // procs_per_node."""
+        return self.ranks // self.procs_per_node
 
     @property
     def runs(self) -> list[str]:
@@ -195,7 +206,7 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
                 env["GLOO_SOCKET_IFNAME"] = cluster.interface
             argv = [sys.executable, "-m", "gradsched.bench.worker", payload]
             if cluster is not None:
-                argv = cluster.command(rank, argv)
+                argv = cluster.command(rank // config.procs_per_node, argv)
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
@@ -312,7 +323,7 @@ def find_balance(config: BenchConfig, progress: Callable[[str], None] | None = N
     for step in range(steps):
         if progress:
             progress(f"balance: calibrating at {bandwidth / 1e9:.3g} Gbit/s (at most {steps} runs)")
-        with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:
+        with EmulatedCluster(config.hosts, bandwidth, config.latency_s) as cluster:
             raw = _launch(config, cluster, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
         setting = _figures(config, bandwidth, True, raw)
         history.append({"bandwidth_gbps": bandwidth / 1e9, "compute_s": setting.compute_s, "comm_s": setting.comm_s})
@@ -343,7 +354,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
                 progress(f"{label}: {message['policy']}")
 
         if ok:
-            with EmulatedCluster(config.ranks, bandwidth, config.latency_s) as cluster:
+            with EmulatedCluster(config.hosts, bandwidth, config.latency_s) as cluster:
                 raw = _launch(config, cluster, show)
         else:
             raw = _launch(config, None, show)
@@ -363,6 +374,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "servers": config.servers,
         "latency_s": config.latency_s,
         "compression": config.compression,
+        "procs_per_node": config.procs_per_node,
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
@@ -397,7 +409,8 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                 f"{c['bandwidth_gbps']:.3g} Gbit/s: compute {c['compute_s'] * 1e3:.0f} / comm {c['comm_s'] * 1e3:.0f} ms"
                 for c in s.calibration) + ")"
         arch = f" + {config.servers} parameter servers" if config.arch == "ps" else ""
-        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch} · {where}"
+        hosts = f" on {config.hosts} hosts of {config.procs_per_node}" if config.procs_per_node > 1 else ""
+        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch}{hosts} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         if config.compression:
