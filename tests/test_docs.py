@@ -36,6 +36,11 @@ def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "runtime.md").read_text()
 
 
+@pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50"])
+def test_the_bench_docs_tables_are_what_their_json_prints(name):
+    assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
+
+
 def test_the_readme_overhead_table_is_what_its_json_prints():
     assert script("runtime_overhead").table(figure("runtime-overhead")) in README
     assert script("runtime_overhead").table(figure("runtime-overhead-compile")) in README
