@@ -24,6 +24,25 @@ from .config import RuntimeConfig
 from .errors import GradschedError
 
 
+# every group gradsched made in this process: destroyed at exit (gradsched.runtime.wrap),
+# while the interpreter is whole, not in its teardown
+_CREATED: list[dist.ProcessGroup] = []
+
+
+def destroy_created() -> None:
+    """Destroy the process groups gradsched created that still exist. Left to the
+    interpreter's teardown, a gloo group's threads can free tensors (and callbacks) that refer
+    to Python objects after Python has gone, which aborts the process; this runs from an
+    ``atexit`` handler, after the coordinators closed, and the user's own default group is
+    left to them (``destroy_process_group()``)."""
+    while _CREATED:
+        group = _CREATED.pop()
+        try:
+            dist.destroy_process_group(group)
+        except (ValueError, RuntimeError, AssertionError):  # gone already, with the default group
+            pass
+
+
 def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
     """(worker ranks, server ranks) of a job of ``world_size`` processes."""
     if servers < 1:
@@ -64,6 +83,7 @@ class Topology:
                 "data": dist.new_group(timeout=wait),
                 "buffers": dist.new_group(timeout=wait),
             }
+        _CREATED.extend(groups.values())
         return cls(rank, world, workers, servers, groups)
 
     @property

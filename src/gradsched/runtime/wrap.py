@@ -29,7 +29,7 @@ from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
 from .optimizer import ScheduledOptimizer
 from .server import Server
-from .topology import Topology
+from .topology import Topology, destroy_created
 
 _WRAPPED: weakref.WeakSet = weakref.WeakSet()
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # coordinators, closed at exit if the user did not
@@ -37,13 +37,15 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()  # coordinators, closed at exit if th
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Stop launcher threads and drop collective callbacks while the interpreter is whole:
-    a backend thread entering Python during interpreter shutdown aborts the process."""
+    """Stop launcher threads, drop collective callbacks and destroy gradsched's process groups
+    while the interpreter is whole: a backend thread entering Python during interpreter
+    shutdown aborts the process."""
     for coordinator in list(_OPEN):
         try:  # wait only if nothing is in flight: a normal end; parameter servers then stop too
             coordinator.close(wait=coordinator.idle())
         except Exception:  # noqa: BLE001 - the process is ending; the peers time out
             pass
+    destroy_created()
 
 
 def wrap(

@@ -1,0 +1,50 @@
+"""At exit gradsched destroys the process groups it created (while the interpreter is whole),
+and leaves the user's default group alone (one gloo rank)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsched
+from gradsched.runtime import topology
+
+
+def test_the_groups_gradsched_made_are_destroyed_and_the_default_one_kept(world_of_one):
+    model = nn.Linear(4, 2)
+    model, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "prophet")
+    made = list(topology._CREATED)
+    assert len(made) == 3 and all(g in dist.distributed_c10d._world.pg_map for g in made)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.close()
+    topology.destroy_created()
+    assert not any(g in dist.distributed_c10d._world.pg_map for g in made) and topology._CREATED == []
+    assert dist.is_initialized()
+    dist.all_reduce(torch.ones(1))  # the user's group still works
+    topology.destroy_created()  # twice is harmless
+
+
+def test_a_script_that_never_destroys_its_group_exits_cleanly(tmp_path):
+    """No ``optimizer.close()``, no ``destroy_process_group()``: the exit handler closes and
+    destroys what gradsched made; the process ends with status 0 and nothing on stderr but
+    PyTorch's own reminder."""
+    script = textwrap.dedent(f"""
+        import torch, torch.distributed as dist, gradsched
+        dist.init_process_group("gloo", store=dist.FileStore({str(tmp_path / 'store')!r}, 1), rank=0, world_size=1)
+        model = torch.nn.Linear(4, 2)
+        model, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "bytescheduler")
+        for _ in range(3):
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        print("trained")
+    """)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "trained", out.stderr[-2000:]
+        assert "terminate called" not in out.stderr
