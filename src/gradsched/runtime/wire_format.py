@@ -130,6 +130,16 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+LIMIT = 1 << 30  # bytes: no gradsched message comes near (a plan of a million messages is ~50 MB)
+
+
+def _size(n: int, sender: str) -> int:
+    """A size a peer announced, refused before anything is allocated if no message has it."""
+    if not 0 < n <= LIMIT:
+        raise WireFormatError(f"{sender} announced a message of {n} bytes: not a gradsched message")
+    return n
+
+
 def broadcast(kind: str, body: Any, src: int, group: dist.ProcessGroup | None) -> Any:
     """Rank ``src`` sends ``body`` to every rank of ``group``; each returns it, decoded."""
     mine = dist.get_rank() == src
@@ -137,7 +147,7 @@ def broadcast(kind: str, body: Any, src: int, group: dist.ProcessGroup | None) -
     size = torch.tensor([payload.numel() if mine else 0], dtype=torch.int64)
     dist.broadcast(size, src=src, group=group)
     if not mine:
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        payload = torch.empty(_size(int(size.item()), f"rank {src}"), dtype=torch.uint8)
     dist.broadcast(payload, src=src, group=group)
     return body if mine else decode(payload.numpy().tobytes(), kind, f"rank {src}")
 
@@ -148,12 +158,12 @@ def all_gather(kind: str, body: Any, group: dist.ProcessGroup | None) -> list[An
     world = dist.get_world_size(group)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64), group=group)
-    longest = max(int(s.item()) for s in sizes)
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(world)
+    longest = max(_size(int(n.item()), f"rank {rank}") for rank, n in zip(ranks, sizes))
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: payload.numel()] = payload
     everyone = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(everyone, padded, group=group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else range(world)
     return [decode(data[: int(size.item())].numpy().tobytes(), kind, f"rank {rank}")
             for rank, data, size in zip(ranks, everyone, sizes)]
 
@@ -170,17 +180,13 @@ def send(kind: str, body: Any | None, dst: int, group: dist.ProcessGroup) -> tup
     return [dist.isend(size, dst=dst, group=group), dist.isend(payload, dst=dst, group=group)], [size, payload]
 
 
-def receive(kind: str, src: int, group: dist.ProcessGroup, size: torch.Tensor, size_work: dist.Work,
-            limit: int = 1 << 30) -> Any | None:
+def receive(kind: str, src: int, group: dist.ProcessGroup, size: torch.Tensor, size_work: dist.Work) -> Any | None:
     """Finish receiving what :func:`send` sent, whose size ``irecv`` (into ``size``) was
-    posted earlier: the body, or None at the end of the stream. A size that is negative or
-    above ``limit`` bytes is refused before anything is allocated."""
+    posted earlier: the body, or None at the end of the stream."""
     size_work.wait()
     n = int(size.item())
     if n == 0:
         return None
-    if not 0 < n <= limit:
-        raise WireFormatError(f"rank {src} announced a message of {n} bytes: not a gradsched message")
-    payload = torch.empty(n, dtype=torch.uint8)
+    payload = torch.empty(_size(n, f"rank {src}"), dtype=torch.uint8)
     dist.recv(payload, src=src, group=group)
     return decode(payload.numpy().tobytes(), kind, f"rank {src}")
