@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 from gradsched.core import TensorSpec
 from gradsched.models.table import Layer, ModelTable, ParamSpec
@@ -23,3 +25,15 @@ def random_model(rng: random.Random, layers: int | None = None) -> ModelTable:
     if not any(layer.params for layer in out):
         out[0] = Layer("l0", out[0].forward_s, out[0].backward_s, (ParamSpec("l0.p0", 1000),))
     return ModelTable("random", tuple(out))
+
+
+ELASTIC_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_elastic.py"
+
+
+def moved_by_elastic_example(final: dict) -> float:
+    """How far ``final`` (parameters saved by examples/train_elastic.py) moved from the
+    example's initial model: the largest element-wise change."""
+    spec = importlib.util.spec_from_file_location("train_elastic", ELASTIC_EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return max(float((final[name] - p).abs().max()) for name, p in example.make_model().state_dict().items())
