@@ -132,14 +132,17 @@ def test_parameter_servers_communication_alone_is_limited_by_the_server_link():
     measured through the servers and derived from the all-reduce alike."""
     out = subprocess.run(
         [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--arch", "ps", "--servers", "1",
-         "--bandwidth", "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "fifo", "--json"],
+         "--bandwidth", "1Gbit", "--iters", "6", "--warmup", "1", "--policy", "fifo", "--json"],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     setting = json.loads(out.stdout)["settings"][0]
     wire = 2 * 2_101_248 * 4 * 8 / 1e9  # replay-mini's gradient bits, twice, at 1 Gbit/s: 134 ms
-    assert wire * 0.95 < setting["comm_s"] < wire * 1.4
-    assert wire * 0.95 < setting["comm_servers_s"] < wire * 1.6  # plus filling the push/pull pipeline
+    # The link sets the floor. Above it, a quiet host measures 1.05x (comm) and 1.2x (servers);
+    # a busy 2-core CI host measured 1.6x once, so the ceilings only catch a wrong model
+    # (counting the server's link once, or four times), not the host's noise.
+    assert wire * 0.95 < setting["comm_s"] < wire * 1.9
+    assert wire * 0.95 < setting["comm_servers_s"] < wire * 1.9  # plus filling the push/pull pipeline
     assert 0.0 < setting["host_cpu_busy_comm_servers"] <= 1.0 and 0.0 < setting["host_cpu_busy_compute"] <= 1.0
     assert leftovers() == []
 
