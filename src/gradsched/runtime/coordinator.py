@@ -29,9 +29,11 @@ from .config import RuntimeConfig
 from .errors import GradschedError, failing_rank
 from .exchange import Exchange
 from .inflight import Handover, plain
+from .join import Iteration, UnevenInputs
 from .planning import Planner, initial_plan
 from .plans import PlanVersions, tensor_specs
 from .profiling import RoundTiming
+from .peer_status import PeerStatus, Status
 from .ps import PushPull
 from .stats import RunStats
 from .topology import Topology
@@ -82,6 +84,12 @@ class Coordinator:
         self._tracing_module: tuple[str, float] | None = None
         self._closed = False
         self._broken = False
+        self.uneven = UnevenInputs(self)  # join(): ranks with fewer batches shadow the others
+        self._active_at = time.monotonic()  # the latest forward pass began (or the wrap)
+        self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.group("control"))
+        self.exchange.explain = self.peers.explain
+        self._stepped_round = 0  # the latest round step() followed
+        self._grad_scale: float | None = None  # applied to this round's reduced gradients (join)
         self._attach()
 
     @property
@@ -157,7 +165,7 @@ class Coordinator:
         self._timing.ready[self.names[i]] = now
         if self.trace:
             self.trace.ready(self.round, self.names[i], now, backward_from=self._timing.forward_end)
-        self.handover.hand_over(i, grad, self.round)
+        self.handover.hand_over(i, grad, self.round, self._grad_scale)
 
     def _start_round(self, now: float) -> None:
         self.round += 1
@@ -176,12 +184,42 @@ class Coordinator:
                          and not self.updates.pending(i) and i not in self._globally_unused]
             if unclaimed:
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
-        if self.config.broadcast_buffers and self.world_size > 1:
-            self.broadcast_buffers()
-        self._ran.clear()
+        self._active_at = time.monotonic()
         self._forward_ran = True
         self._new_round = True
+        source = 0
+        self._grad_scale = None
+        if self.uneven.enabled:
+            iteration = self.uneven.announce(self.round, self._stepped_round,
+                                             torch.is_grad_enabled() and not self._no_sync)
+            source, self._grad_scale = iteration.source, self.uneven.grad_scale(iteration)
+        if self.config.broadcast_buffers and self.world_size > 1:
+            self.broadcast_buffers(source)
+        self._ran.clear()
         self._timing = RoundTiming(forward_start=time.perf_counter())
+
+    def shadow(self, iteration: Iteration) -> None:
+        """On a rank that has joined: take part in one iteration of the ranks still training
+        with zero gradients and no update (see :mod:`gradsched.runtime.join`)."""
+        if self.config.broadcast_buffers and self.world_size > 1:
+            self.broadcast_buffers(iteration.source)
+        if not iteration.communicates:
+            return
+        self._start_round(time.perf_counter())
+        everything = range(len(self.params))
+        for i in everything:
+            home = self._homes.get(i)
+            self.exchange.mark_ready(i, home.zero_() if home is not None else torch.zeros_like(self.params[i]),
+                                     self.round)
+        self._round_open = False
+        self._new_round = True
+        if self.config.find_unused_parameters:
+            # counted as using every parameter, as DDP's joined ranks are: while a rank has
+            # joined, a parameter the others all left unused gets a zero gradient, not none
+            self._agree_unused([])
+        self.exchange.wait_reduced(everything, "zero gradients shadowing the ranks still training (join)")
+        self._stepped_round = self.round
+        self.planner.control_point(self.round)
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
         self._timing.forward_end = time.perf_counter()
@@ -235,12 +273,7 @@ class Coordinator:
         if self.config.find_unused_parameters:
             # Unused here: contribute zeros. Unused everywhere: the gradient stays None and
             # the parameter is not updated, as if it were not trainable this round.
-            flags = torch.zeros(len(self.params), dtype=torch.float64)
-            flags[missing] = 1.0
-            if self.world_size > 1:
-                with failing_rank("agreeing on unused parameters"):
-                    dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.topology.group("control"))
-            self._globally_unused = {i for i in missing if flags[i].item() == 1.0}
+            self._globally_unused = self._agree_unused(missing)
             for i in missing:
                 p = self.params[i]
                 self.updates.flush(i)
@@ -251,6 +284,15 @@ class Coordinator:
                 else:
                     self.handover.hand_over(i, zeros, self.round)
         self._detect_orphans()
+
+    def _agree_unused(self, missing: list[int]) -> set[int]:
+        """The parameters of ``missing`` that got no gradient on any rank."""
+        flags = torch.zeros(len(self.params), dtype=torch.float64)
+        flags[missing] = 1.0
+        if self.world_size > 1:
+            with failing_rank("agreeing on unused parameters", self.peers.explain):
+                dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.topology.group("control"))
+        return {i for i in missing if flags[i].item() == 1.0}
 
     def _detect_orphans(self) -> None:
         """A parameter got a gradient though no module owning it ran (it sits in a container
@@ -282,6 +324,7 @@ class Coordinator:
         else:
             with_grad = [i for i, p in enumerate(self.params) if p.grad is not None and i not in self._globally_unused]
             self.updates.request_step(with_grad, snapshot)
+        self._stepped_round = self.round
         self.planner.control_point(self.round)
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
@@ -351,21 +394,36 @@ class Coordinator:
                         est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction, planner.trial,
                         planner.tuning, list(planner.switches))
 
-    def broadcast_buffers(self) -> None:
-        buffers = [b for b in self.model.buffers() if b is not None]
+    def broadcast_buffers(self, source: int = 0) -> None:
+        """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
+        self._broadcast([b for b in self.model.buffers() if b is not None], source, "broadcasting buffers")
+
+    def broadcast_model(self, source: int) -> None:
+        """Copy rank ``source``'s parameters and buffers to every worker."""
+        tensors = [p for p in self.model.parameters()] + [b for b in self.model.buffers() if b is not None]
+        self._broadcast(tensors, source, f"copying rank {source}'s parameters to every rank (join)")
+
+    def _broadcast(self, tensors: list[torch.Tensor], source: int, what: str) -> None:
+        """One broadcast per dtype, of ``tensors`` flattened, from rank ``source``."""
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for b in buffers:
-            by_dtype.setdefault(b.dtype, []).append(b)
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
         for dtype in sorted(by_dtype, key=str):
             group = by_dtype[dtype]
-            flat = torch.cat([b.detach().reshape(-1) for b in group])
-            with failing_rank("broadcasting buffers"):
-                dist.broadcast(flat, src=0, group=self.topology.group("buffers"))
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            with failing_rank(what, self.peers.explain):
+                dist.broadcast(flat, src=source, group=self.topology.group("buffers"))
             offset = 0
             with torch.no_grad():
-                for b in group:
-                    b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                    offset += b.numel()
+                for t in group:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+    def _status(self) -> Status:
+        """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""
+        state = "closed" if self._closed else "joined" if self.uneven.joined else "training"
+        heading = 1 if self._new_round and self._forward_ran and state == "training" else 0  # forward began
+        return Status(self.round + heading, state, time.monotonic() - self._active_at)
 
     def idle(self) -> bool:
         """Nothing failed and no gradient handed over is still being communicated."""
@@ -381,6 +439,8 @@ class Coordinator:
                 self.synchronize()
         finally:
             self._closed = True
+            self._active_at = time.monotonic()
+            self.peers.close(self._status())
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()

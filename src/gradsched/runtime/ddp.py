@@ -35,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .checks import check_optimizer, stray_parameters, warn_stray
 from .coordinator import Coordinator
 from .errors import GradschedError
+from .join import JoinsUnevenInputs, UnevenInputs
 from .optimizer import ScheduledOptimizer
 from .stats import RunStats
 from .wrap import _WRAPPED, start
@@ -54,7 +55,7 @@ _BINDERS: weakref.WeakSet = weakref.WeakSet()  # wrapped models whose optimizer 
 _HOOK = None  # the one global optimizer step pre-hook, registered on first use
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
     """Takes DDP's arguments, and gradsched's after the ``*``.
 
     Args (DDP's, as documented by PyTorch):
@@ -169,9 +170,8 @@ class DistributedDataParallel(nn.Module):
         raise GradschedError("gradsched.DistributedDataParallel takes no DDP communication hook: gradsched "
                              "schedules the communication itself")
 
-    def join(self, *args: Any, **kwargs: Any) -> Any:
-        raise GradschedError("gradsched.DistributedDataParallel does not support join() (uneven inputs) yet: give "
-                             "every rank the same number of batches")
+    def _uneven_inputs(self) -> UnevenInputs:
+        return self._binder.coordinator.uneven
 
 
 class _Binder:

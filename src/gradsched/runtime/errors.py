@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class GradschedError(RuntimeError):
@@ -11,11 +11,13 @@ class GradschedError(RuntimeError):
 
 
 @contextmanager
-def failing_rank(what: str) -> Iterator[None]:
-    """Report a collective that failed because a peer died or hung as a GradschedError."""
+def failing_rank(what: str, explain: Callable[[], str] | None = None) -> Iterator[None]:
+    """Report a collective that failed because a peer died or hung as a GradschedError,
+    with what ``explain`` adds (the other ranks' progress, :mod:`gradsched.runtime.peer_status`)."""
     try:
         yield
     except GradschedError:
         raise
     except RuntimeError as exc:  # gloo and NCCL report a dead or stuck peer as RuntimeError
-        raise GradschedError(f"{what} failed: another rank died or is unreachable ({exc})") from exc
+        more = explain() if explain is not None else ""
+        raise GradschedError(f"{what} failed: another rank died or is unreachable ({exc}){more}") from exc

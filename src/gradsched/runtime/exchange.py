@@ -49,6 +49,7 @@ class Exchange:
         self.grads: list[torch.Tensor | None] = [None] * n
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.error: BaseException | None = None
+        self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.closed = False
         self._layouts: dict[int, BufferLayout] = {}  # plan version -> layout
         self.launcher = Launcher(self, transport, on_event)
@@ -99,20 +100,25 @@ class Exchange:
 
     def wait_reduced(self, indices: Sequence[int], what: str = "parameters") -> None:
         """Block until every gradient in ``indices`` handed over so far is reduced."""
+        failure = self._wait_reduced(indices, what)
+        if failure is not None:  # explained outside the lock: asking the other ranks takes seconds
+            message, cause = failure
+            raise GradschedError(message + (self.explain() if self.explain else "")) from cause
+
+    def _wait_reduced(self, indices: Sequence[int], what: str) -> tuple[str, BaseException | None] | None:
         with self.cond:
             deadline = time.monotonic() + self.timeout_s
             while True:
-                self.raise_if_failed()
+                if self.error is not None:
+                    return f"gradient communication failed: {self.error}", self.error
                 pending = [i for i in indices if self.reduced_round[i] < self.ready_round[i]]
                 if not pending:
-                    return
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     names = [self.tensors[i].name for i in pending]
-                    raise GradschedError(
-                        f"timed out after {self.timeout_s:.0f} s waiting for the reduction of {what} "
-                        f"{names[:3]}: another rank is stuck or did not run the same backward passes"
-                    )
+                    return (f"timed out after {self.timeout_s:.0f} s waiting for the reduction of {what} "
+                            f"{names[:3]}: another rank is stuck or did not run the same backward passes"), None
                 self.cond.wait(min(left, 1.0))
 
     def order_after_reduction(self, indices: Sequence[int]) -> None:
@@ -129,10 +135,6 @@ class Exchange:
                 self.error = exc
             self.cond.notify_all()
             self.launcher.wake()
-
-    def raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise GradschedError(f"gradient communication failed: {self.error}") from self.error
 
     def close(self, wait: bool = True) -> None:
         """Stop the launcher thread and let go of every collective's future and buffer.

@@ -54,9 +54,15 @@ class Handover:
         self.params = list(params)
         self.exchange = exchange
         self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
+        self.scales: dict[int, float] = {}  # parameter -> factor, applied once reduced (before clamping)
 
-    def hand_over(self, i: int, grad: torch.Tensor, round_index: int) -> None:
-        """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``."""
+    def hand_over(self, i: int, grad: torch.Tensor, round_index: int, scale: float | None = None) -> None:
+        """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``;
+        once reduced, it is multiplied by ``scale`` if given."""
+        if scale is None:
+            self.scales.pop(i, None)
+        else:
+            self.scales[i] = scale
         marked = grad.as_subclass(InFlightGrad)
         marked._gradsched_plain = grad
         marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
@@ -75,6 +81,9 @@ class Handover:
             p = self.params[i]
             if isinstance(p.grad, InFlightGrad):
                 p.grad = p.grad._gradsched_plain
+            scale = self.scales.pop(i, None)
+            if scale is not None and p.grad is not None:
+                p.grad.mul_(scale)
             value = self.clamps.pop(i, None)
             if value is not None and p.grad is not None:
                 p.grad.clamp_(-value, value)

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from .errors import GradschedError
+from .join import JoinsUnevenInputs, UnevenInputs
 
 if TYPE_CHECKING:  # pragma: no cover
     from .coordinator import Coordinator
     from .stats import RunStats
 
 
-class ScheduledOptimizer(torch.optim.Optimizer):
+class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
     def __init__(self, inner: torch.optim.Optimizer, coordinator: Coordinator) -> None:
         self._inner = inner
         self._coordinator = coordinator
@@ -143,6 +144,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def close(self) -> None:
         """Finish communication, detach every hook and stop the background thread."""
         self._coordinator.close()
+
+    def _uneven_inputs(self) -> UnevenInputs:  # join(): see gradsched.runtime.join
+        return self._coordinator.uneven
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]

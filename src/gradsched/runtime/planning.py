@@ -130,11 +130,11 @@ class Planner:
         if first_arm and self.config.fallback and self.link is None and self.config.architecture == "allreduce":
             if self.settle:
                 self.settle()
-            with failing_rank("measuring the link"):
+            with failing_rank("measuring the link", self.exchange.explain):
                 self.link = probe_link(self.probe_group, self.device, wire=wire_dtype(self.config.compression))
         proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
         if self.world_size > 1:
-            with failing_rank("agreeing on a new plan"):
+            with failing_rank("agreeing on a new plan", self.exchange.explain):
                 proposal = wire_format.broadcast("proposal", proposal, 0, self.group)
         if proposal.plan is not None:
             wire_format.check_plan(proposal.plan, self.tensors, "rank 0")

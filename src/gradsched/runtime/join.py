@@ -1,0 +1,226 @@
+"""Uneven inputs: a rank that runs out of batches shadows the others until every rank is done.
+
+gradsched takes part in PyTorch's generic join context manager
+(:class:`torch.distributed.algorithms.Join`), with DDP's semantics::
+
+    with model.join():            # gradsched.DistributedDataParallel; or Join([model])
+        for x, y in loader:       # ranks may have different numbers of batches
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+(``with optimizer.join():`` or ``Join([optimizer])`` for a model wrapped with
+:func:`gradsched.wrap`). Inside the context:
+
+* before each forward pass, a rank still training tells the others so (Join's own
+  all-reduce), and then which ranks are still training and whether the backward pass
+  after this forward pass communicates (one more all-reduce, on gradsched's control group);
+* a rank that has left the loop (*joined*) shadows each iteration of the others: the
+  buffers' broadcast and, for a backward pass that communicates, a round of zero gradients
+  through the very plan the others follow (its messages, credit, parameter servers and
+  control points), with no update of its own;
+* gradients are averaged over the initial number of workers (a joined rank adds zeros), or,
+  with ``divide_by_initial_world_size=False``, over the ranks still training;
+* buffers come from the highest rank still training (rank 0 may have joined);
+* once every rank has joined, every rank gets the parameters and buffers of the highest rank
+  among the last to join, so the ranks leave the context equal. Optimizer state is each
+  rank's own, as with DDP (a joined rank did not step).
+
+Inside the context, as with DDP, each forward pass with gradients enabled and outside
+``no_sync()`` must be followed by ``backward()`` and ``optimizer.step()`` (evaluate under
+``torch.no_grad()``); a rank that breaks this gets a :class:`GradschedError`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, JoinHook, Joinable
+
+from .errors import GradschedError, failing_rank
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .coordinator import Coordinator
+
+
+class Iteration(NamedTuple):
+    """What every rank knows about one iteration of the ranks still training."""
+
+    training: int  # how many ranks are still training
+    source: int  # the highest of them: the source of buffers
+    communicates: bool  # the backward pass after this forward pass communicates
+
+
+class UnevenInputs(Joinable):
+    """The :class:`~torch.distributed.algorithms.Joinable` of one coordinator."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        super().__init__()
+        self._coordinator = weakref.ref(coordinator)  # which holds this: no cycle to outlive close()
+        self.divide_by_initial_world_size = True
+        self.joined = False  # this rank left the loop and shadows the others
+        self.announced: tuple[int, bool] | None = None  # (round, communicates) of the latest forward pass
+
+    @property
+    def coordinator(self) -> Coordinator:
+        coordinator = self._coordinator()
+        if coordinator is None:
+            raise GradschedError("gradsched join: the wrapped model is gone")
+        return coordinator
+
+    # -- the Joinable interface --------------------------------------------------------------
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        unknown = sorted(set(kwargs) - {"divide_by_initial_world_size"})
+        if unknown:
+            raise TypeError(f"gradsched join: unexpected keyword arguments {unknown}; "
+                            "the one option is divide_by_initial_world_size")
+        self.divide_by_initial_world_size = bool(kwargs.get("divide_by_initial_world_size", True))
+        self.joined = False
+        self.announced = None
+        return _Shadow(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return torch.device("cpu")  # the control group is gloo
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.coordinator.topology.group("control")
+
+    # -- a rank still training --------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        return self._join_config.enable
+
+    def announce(self, round_index: int, stepped_round: int, communicates: bool) -> Iteration:
+        """Before a forward pass inside the context (the latest backward pass was
+        ``round_index``, the latest step followed ``stepped_round``): check the previous
+        iteration was whole, and tell the joined ranks what this one does."""
+        if self.announced is not None and self.announced[1]:
+            if round_index == self.announced[0]:
+                raise GradschedError(
+                    "gradsched join: a forward pass with gradients enabled ran no backward pass before the next "
+                    "forward pass; inside join() the ranks that have joined shadow that backward pass: run "
+                    "evaluation under torch.no_grad(), and call backward() after every other forward pass"
+                )
+            if stepped_round != round_index:
+                raise GradschedError(
+                    "gradsched join: no optimizer.step() followed the latest backward pass; inside join() every "
+                    "backward pass that communicates must be followed by step(), as the ranks that have joined "
+                    "shadow it"
+                )
+        work = Join.notify_join_context(self)  # raises if throw_on_early_termination and a rank joined
+        iteration = self.agree(communicates)
+        if work is not None:
+            work.wait()
+        self.announced = (round_index, iteration.communicates)
+        return iteration
+
+    def grad_scale(self, iteration: Iteration) -> float | None:
+        """The factor that turns the average over every worker into the average over the
+        ranks still training (``divide_by_initial_world_size=False``), or None."""
+        workers = self.coordinator.world_size
+        if self.divide_by_initial_world_size or iteration.training == workers:
+            return None
+        return workers / iteration.training
+
+    # -- every rank ---------------------------------------------------------------------------
+    def agree(self, communicates: bool | None) -> Iteration:
+        """One all-reduce on the control group: which ranks are still training (``None`` for
+        a joined rank), and whether their next backward pass communicates."""
+        co = self.coordinator
+        workers = co.world_size
+        state = torch.zeros(workers + 1, dtype=torch.float64)
+        if communicates is not None:
+            state[co.rank] = 1.0
+            state[workers] = float(communicates)
+        with failing_rank("agreeing on the ranks still training (join)", co.peers.explain):
+            dist.all_reduce(state, group=self.join_process_group)
+        training = [r for r in range(workers) if state[r] > 0]
+        talking = round(state[workers].item())
+        if not training:
+            raise GradschedError("gradsched join: no rank is training, yet a joined rank was asked to shadow one")
+        if talking not in (0, len(training)):
+            raise GradschedError(
+                f"gradsched join: {talking} of the {len(training)} ranks still training run a backward pass that "
+                "communicates after this forward pass and the others do not: use no_sync() and torch.no_grad() "
+                "alike on every rank"
+            )
+        return Iteration(len(training), max(training), talking > 0)
+
+    def disable(self) -> None:
+        """Every rank left the context: forward passes stop announcing themselves."""
+        self._join_config = self._join_config._replace(enable=False)
+        self.announced = None
+
+
+class _Shadow(JoinHook):
+    def __init__(self, uneven: UnevenInputs) -> None:
+        self.uneven = uneven
+
+    def main_hook(self) -> None:
+        """One iteration of the ranks still training, shadowed by a rank that has joined."""
+        uneven = self.uneven
+        co = uneven.coordinator
+        if not uneven.joined:
+            co.synchronize()  # this rank's own last updates
+            uneven.joined = True
+        co.shadow(uneven.agree(None))
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        """Every rank has joined: copy the last joiners' parameters and buffers everywhere."""
+        co = self.uneven.coordinator
+        try:
+            co.synchronize()
+            source = torch.tensor([co.rank if is_last_joiner else -1], dtype=torch.float64)
+            with failing_rank("finding the last rank to join (join)", co.peers.explain):
+                dist.all_reduce(source, op=dist.ReduceOp.MAX, group=self.uneven.join_process_group)
+            co.broadcast_model(int(source.item()))
+        finally:
+            self.uneven.joined = False
+            self.uneven.disable()
+
+
+class JoinsUnevenInputs(Joinable):
+    """``join()`` for the objects users hold (``gradsched.DistributedDataParallel``, the
+    optimizer :func:`gradsched.wrap` returns), each a :class:`Joinable` in its own right
+    (``Join([model])``), backed by its coordinator's :class:`UnevenInputs`."""
+
+    def _uneven_inputs(self) -> UnevenInputs:
+        raise NotImplementedError
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """A context manager in which ranks may run different numbers of iterations
+        (DDP's ``join()``; see :mod:`gradsched.runtime.join`).
+
+        Args:
+            divide_by_initial_world_size: average gradients over every worker, a rank that
+                has joined adding zeros (default, as DDP); False: over the ranks still training.
+            enable: False turns the context into a no-op (the inputs are known to be even).
+            throw_on_early_termination: every rank raises as soon as one runs out of inputs.
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return self._uneven_inputs().join_hook(**kwargs)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._uneven_inputs().join_device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self._uneven_inputs().join_process_group
+
+    @property
+    def _join_config(self) -> Any:  # set by Join on the object the user passed; read by the coordinator
+        return self._uneven_inputs()._join_config
+
+    @_join_config.setter
+    def _join_config(self, value: Any) -> None:
+        self._uneven_inputs()._join_config = value
