@@ -167,11 +167,17 @@ def test_balance_finds_where_compute_and_communication_are_equal():
 
 
 @needs_netns
-def test_timeout_cleans_up():
+@pytest.mark.parametrize("hosts", [[], ["--nodes", "2", "--procs-per-node", "2"]], ids=["ranks", "torchrun-hosts"])
+def test_timeout_cleans_up(hosts):
+    """Also with one torchrun per host, whose workers run in sessions of their own."""
+    import psutil
+
     out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--iters", "50",
-                          "--policy", "ddp", "--timeout", "3s"], capture_output=True, text=True, timeout=120)
+                          "--policy", "ddp", "--timeout", "5s", *hosts], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "did not finish within 3 s" in out.stderr.strip().splitlines()[-1]
+    assert "did not finish within 5 s" in out.stderr.strip().splitlines()[-1]
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "gradsched.bench.worker" in (p.info["cmdline"] or [])]
+    assert left == []
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if n.startswith(PREFIX)]
 
@@ -196,6 +202,8 @@ def test_timeout_cleans_up():
         (["--nodes", "0"], "--nodes must be >= 1"),
         (["--procs-per-node", "0"], "--procs-per-node must be a whole number >= 1"),
         (["--workers", "3", "--procs-per-node", "2"], "3 ranks do not fill hosts of 2 processes"),
+        (["--nodes", "3", "--procs-per-node", "2", "--arch", "ps", "--servers", "1", "--policy", "fifo"],
+         "7 ranks do not fill hosts of 2 processes"),
     ],
 )
 def test_bench_rejects_bad_input(argv, message):

@@ -73,13 +73,15 @@ def test_two_hosts_of_two_processes_train_as_one_host_of_four(tmp_path):
 
 @needs_netns
 def test_the_bench_runs_hosts_of_several_ranks():
-    """``--nodes 2 --procs-per-node 2``: four ranks in two namespaces, two sharing each link."""
+    """``--nodes 2 --procs-per-node 2``: four ranks in two namespaces, two sharing each link,
+    each host started with its own torchrun."""
     out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--nodes", "2",
                           "--procs-per-node", "2", "--bandwidth", "2Gbit", "--iters", "3", "--warmup", "1",
                           "--policy", "ddp,bytescheduler", "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout)
     assert data["workers"] == 4 and data["procs_per_node"] == 2 and data["emulated_network"]
+    assert data["launcher"] == "torchrun"
     assert [r["policy"] for r in data["results"]] == ["ddp", "bytescheduler"]
     assert data["results"][1]["predicted_s"] > 0
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()

@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
                     "without a limit (and says so).")
     bench.add_argument("--model", default="mlp", help=f"one of: {names} (default mlp)")
     bench.add_argument("--workers", type=int, help="training ranks (default 2, or --nodes x --procs-per-node)")
-    bench.add_argument("--nodes", type=int, help="emulated hosts of training ranks (instead of --workers)")
+    bench.add_argument("--nodes", type=int, help="emulated hosts of training ranks (instead of --workers), each "
+                                                 "started with its own torchrun --nnodes N --node-rank i")
     bench.add_argument("--procs-per-node", type=int, default=1,
                        help="ranks per emulated host, sharing its namespace and its link (default 1)")
     bench.add_argument("--arch", default="allreduce", choices=("allreduce", "ps"),
@@ -84,6 +85,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     workers = args.nodes * args.procs_per_node if args.nodes is not None else (2 if args.workers is None else args.workers)
     return BenchConfig(
         model=args.model, workers=workers, procs_per_node=args.procs_per_node, bandwidths_bps=tuple(rates),
+        launcher="torchrun" if args.nodes is not None else "direct",
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,

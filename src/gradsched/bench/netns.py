@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import zlib
 from typing import Sequence
@@ -180,6 +181,16 @@ class EmulatedCluster:
 
     def _in(self, ns: str, *argv: str) -> None:
         _run("ip", "netns", "exec", ns, *argv)
+
+    def kill_processes(self) -> None:
+        """SIGKILL whatever still runs in the namespaces (torchrun's workers run in sessions
+        of their own, beyond the reach of a signal to torchrun's process group)."""
+        for ns in self.namespaces if self._created else []:
+            for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def command(self, rank: int, argv: Sequence[str]) -> list[str]:
         """The command line that runs ``argv`` inside rank ``rank``'s namespace."""

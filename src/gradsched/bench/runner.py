@@ -1,7 +1,8 @@
 """Runs the benchmark: an emulated cluster per bandwidth, the ranks, the figures.
 
 For each bandwidth the runner builds the emulated cluster (or, where that is impossible,
-uses loopback and says so), starts one worker per rank the way torchrun would, shows
+uses loopback and says so), starts one worker per rank the way torchrun would (or, for
+hosts of several ranks, one real torchrun per host, as users launch across hosts), shows
 progress, and turns rank 0's timings into figures: the median iteration time of each
 policy, the measured compute-only and communication-only times, the bound
 max(compute, communication), the ratio to it, the speed-up over DDP, and, for replay
@@ -59,6 +60,7 @@ class BenchConfig:
     clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
     compression: str | None = None  # "bf16"/"fp16": gradsched's policies run with wrap(compression=...)
     procs_per_node: int = 1  # ranks per emulated host (a namespace, one tc-limited link shared by its ranks)
+    launcher: str = "direct"  # "direct": the runner starts every rank; "torchrun": one torchrun per host
     balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
     #   by calibration runs starting from bandwidths_bps[0]
 
@@ -81,6 +83,8 @@ class BenchConfig:
             raise ValueError(f"--procs-per-node must be a whole number >= 1, got {self.procs_per_node!r}")
         if self.ranks % self.procs_per_node:
             raise ValueError(f"{self.ranks} ranks do not fill hosts of {self.procs_per_node} processes")
+        if self.launcher not in ("direct", "torchrun"):
+            raise ValueError(f"launcher must be direct or torchrun, got {self.launcher!r}")
         if self.iters < 3 or self.warmup < 0:
             raise ValueError(f"iters must be >= 3 and warmup >= 0, got {self.iters} and {self.warmup}")
         unknown = [p for p in self.policies if p not in BASELINES]
@@ -173,6 +177,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun(config: BenchConfig, host: int, endpoint: str, address: str) -> list[str]:
+    """Host ``host``'s torchrun command line, to which the worker module is appended. A host
+    states its own address (``--local-addr``: a namespace shares the machine's hostname) and
+    host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts" tells users to."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(config.hosts), "--node-rank", str(host),
+            "--nproc-per-node", str(config.procs_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", f"bench{os.getpid()}", "--rdzv-conf", f"is_host={str(host == 0).lower()}",
+            "--local-addr", address]
+
+
 def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
             runs: Sequence[str] | None = None, iters: int | None = None) -> dict:
     """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
@@ -189,31 +203,50 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
     procs: list[subprocess.Popen] = []
     logs = []
     expired = threading.Event()
+    torchrun = config.launcher == "torchrun"
 
     def kill_all() -> None:
         expired.set()
         for proc in procs:
-            if proc.poll() is None:
+            if proc.poll() is None:  # torchrun stops its workers on SIGTERM (they run in sessions of their own)
+                os.killpg(proc.pid, signal.SIGTERM if torchrun else signal.SIGKILL)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+        if cluster is not None:
+            cluster.kill_processes()  # anything left in the namespaces
 
     watchdog = threading.Timer(config.timeout_s, kill_all)
     watchdog.daemon = True
+    reading, writing = os.pipe()  # rank 0's stdout: progress and the result
     try:
-        for rank in range(config.ranks):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(config.ranks), LOCAL_RANK=str(rank),
-                       MASTER_ADDR=master, MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        worker = ["-m", "gradsched.bench.worker", payload]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if cluster is not None:
+            env["GLOO_SOCKET_IFNAME"] = cluster.interface
+        if torchrun:  # as users launch across hosts: one torchrun per host; rank 0 is on any of them
+            starts = [(host, _torchrun(config, host, f"{master}:{port}",
+                                       "127.0.0.1" if cluster is None else cluster.addresses[host]) + worker, env,
+                       writing) for host in range(config.hosts)]
+        else:
+            starts = [(rank // config.procs_per_node, [sys.executable, *worker],
+                       dict(env, RANK=str(rank), WORLD_SIZE=str(config.ranks), LOCAL_RANK=str(rank),
+                            MASTER_ADDR=master, MASTER_PORT=str(port)),
+                       writing if rank == 0 else subprocess.DEVNULL) for rank in range(config.ranks)]
+        for host, argv, penv, stdout in starts:
             if cluster is not None:
-                env["GLOO_SOCKET_IFNAME"] = cluster.interface
-            argv = [sys.executable, "-m", "gradsched.bench.worker", payload]
-            if cluster is not None:
-                argv = cluster.command(rank // config.procs_per_node, argv)
+                argv = cluster.command(host, argv)
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
-            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                          stderr=log, text=True, start_new_session=True))
+            procs.append(subprocess.Popen(argv, env=penv, stdout=stdout, stderr=log, text=True,
+                                          start_new_session=True))
+        os.close(writing)
+        writing = None
         watchdog.start()
         result = None
-        for line in procs[0].stdout:
+        for line in os.fdopen(reading, closefd=False):
             if line.startswith(MARK):
                 message = json.loads(line[len(MARK):])
                 if message["kind"] == "progress":
@@ -229,11 +262,14 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
             log = logs[failed[0] if failed else 0]
             log.seek(0)
             tail = log.read()[-6000:]
-            raise RuntimeError(f"benchmark rank {failed[0] if failed else 0} failed:\n{tail}")
+            raise RuntimeError(f"benchmark {'host' if torchrun else 'rank'} {failed[0] if failed else 0} failed:\n{tail}")
         return result
     finally:
         watchdog.cancel()
         kill_all()
+        os.close(reading)
+        if writing is not None:
+            os.close(writing)
         for proc in procs:
             proc.wait()
         for log in logs:
@@ -375,6 +411,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "latency_s": config.latency_s,
         "compression": config.compression,
         "procs_per_node": config.procs_per_node,
+        "launcher": config.launcher,
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
@@ -410,6 +447,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                 for c in s.calibration) + ")"
         arch = f" + {config.servers} parameter servers" if config.arch == "ps" else ""
         hosts = f" on {config.hosts} hosts of {config.procs_per_node}" if config.procs_per_node > 1 else ""
+        hosts += ", one torchrun per host" if config.launcher == "torchrun" else ""
         lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch}{hosts} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
