@@ -58,9 +58,9 @@ def finish_with_report(path: str, report: object) -> None:
 
 def finish() -> None:
     """End a worker script once its results are written and its process group destroyed:
-    flush and leave without the interpreter's shutdown. Tearing down torch.distributed's
-    backend during interpreter shutdown aborts the process now and then (rarely, after all
-    work is done; see docs/runtime.md), which would fail a test whose results are correct."""
+    flush and leave without the interpreter's shutdown, so that each test checks what it is
+    about. How scripts end at exit is tested on its own (test_ending_in_flight.py, the
+    examples under torchrun, tests/runtime/test_exit.py; docs/runtime.md "End cleanly")."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -49,3 +49,35 @@ def test_a_script_that_never_destroys_its_group_exits_cleanly(tmp_path):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "trained", out.stderr[-2000:]
         assert "terminate called" not in out.stderr
+
+
+def test_a_wrap_that_fails_half_way_leaves_no_hooks_or_threads(world_of_one, monkeypatch):
+    """A coordinator whose construction fails after its launcher started (here: making the
+    planner fails) removes the hooks it attached and stops its threads: otherwise the next
+    wrap of the same model would train with two coordinators, and the first one's
+    collectives would still be running at exit."""
+    import threading
+
+    from gradsched.runtime import coordinator
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no planner today")
+
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = {t.name for t in threading.enumerate()}
+    monkeypatch.setattr(coordinator, "Planner", broken)
+    try:
+        gradsched.wrap(model, optimizer, "prophet")
+    except RuntimeError as exc:
+        assert "no planner today" in str(exc)
+    else:
+        raise AssertionError("wrap did not fail")
+    monkeypatch.undo()
+    assert not model.weight._post_accumulate_grad_hooks and not model.bias._post_accumulate_grad_hooks
+    assert not model._forward_pre_hooks
+    assert {t.name for t in threading.enumerate()} - before == set()
+    model, optimizer = gradsched.wrap(model, optimizer, "prophet")  # and it can be wrapped again
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    optimizer.close()

@@ -68,6 +68,8 @@ class Coordinator:
         versions = PlanVersions(initial_plan(self.tensors, policy, config.architecture))
         self.exchange = Exchange(self.tensors, self.params, versions, self._transport(versions), config.timeout,
                                  self.trace.on_exchange if self.trace else None)
+        self._handles: list[Any] = []
+        self._closed = False
         self.round = 0
         self._round_open = False  # a backward pass handed gradients over and was not closed yet
         self._new_round = True  # the next gradient starts a new round
@@ -80,17 +82,19 @@ class Coordinator:
         self._forward_ran = False  # a forward pass ran since the last round closed
         self._owners: dict[int, list[nn.Module]] = {}  # parameter -> modules owning it directly
         self._adopted: set[int] = set()  # parameters waited for by an ancestor of their owner
-        self._handles: list[Any] = []
         self._tracing_module: tuple[str, float] | None = None
-        self._closed = False
         self._broken = False
         self.uneven = UnevenInputs(self)  # join(): ranks with fewer batches shadow the others
         self._active_at = time.monotonic()  # the latest forward pass began (or the wrap)
-        self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.group("control"))
-        self.exchange.explain = self.peers.explain
         self._stepped_round = 0  # the latest round step() followed
         self._grad_scale: float | None = None  # applied to this round's reduced gradients (join)
-        self._attach()
+        try:  # nothing of a half-built coordinator may outlive it: hooks, threads
+            self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.group("control"))
+            self.exchange.explain = self.peers.explain
+            self._attach()
+        except BaseException:
+            self._abandon()
+            raise
 
     @property
     def policy_name(self) -> str:
@@ -429,6 +433,16 @@ class Coordinator:
         """Nothing failed and no gradient handed over is still being communicated."""
         ex = self.exchange
         return ex.error is None and not self._broken and not any(ex.in_flight(i) for i in range(len(self.params)))
+
+    def _abandon(self) -> None:
+        """Undo a construction that failed half-way: the hooks attached, the threads started."""
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if hasattr(self, "peers"):
+            self.peers.stop()
+        self.exchange.close(wait=False)
 
     def close(self, wait: bool = True) -> None:
         """Detach and stop; with ``wait``, first finish the communication in flight."""

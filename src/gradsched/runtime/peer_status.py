@@ -37,6 +37,7 @@ STORE_TIMEOUT_S = 5.0  # a store that does not answer within this is taken as go
 POLL_S = 1.0  # how often a watcher looks for an alarm
 ANSWER_S = 3.0  # how long a failing rank waits for the others' answers
 IDLE_S = 2.0  # a rank behind this one whose forward pass began longer ago has stopped training
+_RUNNING: weakref.WeakSet = weakref.WeakSet()  # every PeerStatus whose watcher may still run (stop_all)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class PeerStatus:
         if self.store is not None:
             self._thread = threading.Thread(target=self._watch, name="gradsched-peer-status", daemon=True)
             self._thread.start()
+            _RUNNING.add(self)
 
     def status(self) -> Status:
         status = self._status()
@@ -74,7 +76,7 @@ class PeerStatus:
     # -- every rank ------------------------------------------------------------------------
     def _watch(self) -> None:
         alarm = self.prefix + "alarm"
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(POLL_S) and self._status() is not None:  # until closed, or the coordinator is gone
             try:
                 if self.store.check([alarm]):
                     self._report(self.status())
@@ -93,8 +95,16 @@ class PeerStatus:
                 self._report(status)
             except Exception:  # noqa: BLE001 - best effort: the store may be gone
                 pass
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the watcher and wait for it: a thread inside a store call when the interpreter
+        finalizes is ended in C++ code, which aborts the process."""
+        self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=STORE_TIMEOUT_S)
+            self._thread.join(timeout=STORE_TIMEOUT_S + POLL_S)
+        _RUNNING.discard(self)
+
 
     # -- a rank whose communication failed -------------------------------------------------
     def explain(self) -> str:
@@ -168,3 +178,9 @@ def _job_store() -> Any:
         return store
     except Exception:  # noqa: BLE001 - no default group, or a store that cannot be cloned
         return None
+
+
+def stop_all() -> None:
+    """Stop every watcher (at exit, for coordinators never closed)."""
+    for peers in list(_RUNNING):
+        peers.stop()

@@ -28,6 +28,7 @@ from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, failing_rank
 from .optimizer import ScheduledOptimizer
+from .peer_status import stop_all
 from .server import Server
 from .topology import Topology, destroy_created
 
@@ -45,6 +46,7 @@ def _close_at_exit() -> None:
             coordinator.close(wait=coordinator.idle())
         except Exception:  # noqa: BLE001 - the process is ending; the peers time out
             pass
+    stop_all()
     destroy_created()
 
 
