@@ -30,10 +30,10 @@ from .errors import GradschedError, failing_rank
 from .exchange import Exchange
 from .inflight import Handover, plain
 from .join import Iteration, UnevenInputs
+from .peer_status import PeerStatus, Status
 from .planning import Planner, initial_plan
 from .plans import PlanVersions, tensor_specs
 from .profiling import RoundTiming
-from .peer_status import PeerStatus, Status
 from .ps import PushPull
 from .stats import RunStats
 from .topology import Topology

@@ -7,9 +7,10 @@ one line that wraps the model::
     model = gradsched.DistributedDataParallel(model, device_ids=[rank], policy="prophet")  # after
 
 and keeps every other line: the optimizer built afterwards from ``model.parameters()``, LR
-schedulers, ``model.no_sync()``, ``model.module``, checkpoints (``state_dict()`` keys start
-with ``module.``, as DDP's, so DDP checkpoints load here and these load into DDP),
-``optimizer.step(closure)``, AMP's ``GradScaler`` and ``clip_grad_norm_(model.parameters())``.
+schedulers, ``model.no_sync()``, ``model.join()`` for uneven inputs, ``model.module``,
+checkpoints (``state_dict()`` keys start with ``module.``, as DDP's, so DDP checkpoints load
+here and these load into DDP), ``optimizer.step(closure)``, AMP's ``GradScaler`` and
+``clip_grad_norm_(model.parameters())``.
 
 The model is wrapped before its optimizer exists, so the optimizer is found when it first
 steps: the first ``torch.optim`` optimizer whose ``step()`` runs over this model's parameters
