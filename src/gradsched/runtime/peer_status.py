@@ -64,6 +64,7 @@ class PeerStatus:
         self.prefix = f"gradsched/progress/{token.item()}/"
         self._stop = threading.Event()
         self._thread = None
+        self._explained: str | None = None
         if self.store is not None:
             self._thread = threading.Thread(target=self._watch, name="gradsched-peer-status", daemon=True)
             self._thread.start()
@@ -112,13 +113,16 @@ class PeerStatus:
         nothing can be learned."""
         if self.store is None:
             return ""
-        mine = self.status()
-        try:
-            self.store.set(self.prefix + "alarm", str(self.rank))
-            reports = self._collect()
-        except Exception as exc:  # noqa: BLE001
-            return f" (the ranks' progress is unknown: the job's store did not answer: {exc})"
-        return describe(self.rank, mine, {r: reports.get(r) for r in self.peers})
+        if self._explained is None:  # asked once: later errors of the same failure repeat the answer
+            mine = self.status()
+            try:
+                self.store.set(self.prefix + "alarm", str(self.rank))
+                reports = self._collect()
+            except Exception as exc:  # noqa: BLE001
+                self._explained = f" (the ranks' progress is unknown: the job's store did not answer: {exc})"
+            else:
+                self._explained = describe(self.rank, mine, {r: reports.get(r) for r in self.peers})
+        return self._explained
 
     def _collect(self) -> dict[int, Status]:
         keys = {r: f"{self.prefix}rank{r}" for r in self.peers}
