@@ -18,6 +18,7 @@ from helpers import ELASTIC_EXAMPLE, moved_by_elastic_example
 
 from gradsched.bench import EmulatedCluster
 from gradsched.bench.netns import PREFIX
+from gradsched.bench.runner import torchrun_host
 from netns_helpers import needs_netns
 
 EXAMPLE = ELASTIC_EXAMPLE
@@ -26,11 +27,8 @@ STEPS = ["--steps", "40", "--every", "1000", "--policy", "bytescheduler"]
 
 def _torchrun(nnodes: int, node_rank: int, nproc: int, endpoint: str, tmp_path: Path, tag: str,
               address: str = "127.0.0.1") -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
-            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", tag, "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}", "--local-addr", address,
-            str(EXAMPLE), "--checkpoint", str(tmp_path / f"{tag}.pt"),
-            "--out", str(tmp_path / f"{tag}-final.pt"), *STEPS]
+    return [*torchrun_host(nnodes, node_rank, nproc, endpoint, address, tag), str(EXAMPLE),
+            "--checkpoint", str(tmp_path / f"{tag}.pt"), "--out", str(tmp_path / f"{tag}-final.pt"), *STEPS]
 
 
 @needs_netns

@@ -177,14 +177,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(config: BenchConfig, host: int, endpoint: str, address: str) -> list[str]:
-    """Host ``host``'s torchrun command line, to which the worker module is appended. A host
-    states its own address (``--local-addr``: a namespace shares the machine's hostname) and
-    host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts" tells users to."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(config.hosts), "--node-rank", str(host),
-            "--nproc-per-node", str(config.procs_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", f"bench{os.getpid()}", "--rdzv-conf", f"is_host={str(host == 0).lower()}",
-            "--local-addr", address]
+def torchrun_host(nnodes: int, node_rank: int, nproc: int, endpoint: str, address: str, rdzv_id: str) -> list[str]:
+    """One host's torchrun command line, to which the script and its arguments are appended.
+    A host states its own address (``--local-addr``: a namespace shares the machine's
+    hostname) and host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts"
+    tells users to."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}", "--local-addr", address]
 
 
 def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
@@ -227,9 +227,10 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         if cluster is not None:
             env["GLOO_SOCKET_IFNAME"] = cluster.interface
         if torchrun:  # as users launch across hosts: one torchrun per host; rank 0 is on any of them
-            starts = [(host, _torchrun(config, host, f"{master}:{port}",
-                                       "127.0.0.1" if cluster is None else cluster.addresses[host]) + worker, env,
-                       writing) for host in range(config.hosts)]
+            starts = [(host, torchrun_host(config.hosts, host, config.procs_per_node, f"{master}:{port}",
+                                           "127.0.0.1" if cluster is None else cluster.addresses[host],
+                                           f"bench{os.getpid()}") + worker, env, writing)
+                      for host in range(config.hosts)]
         else:
             starts = [(rank // config.procs_per_node, [sys.executable, *worker],
                        dict(env, RANK=str(rank), WORLD_SIZE=str(config.ranks), LOCAL_RANK=str(rank),

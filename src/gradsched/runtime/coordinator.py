@@ -404,7 +404,7 @@ class Coordinator:
 
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters and buffers to every worker."""
-        tensors = [p for p in self.model.parameters()] + [b for b in self.model.buffers() if b is not None]
+        tensors = list(self.model.parameters()) + [b for b in self.model.buffers() if b is not None]
         self._broadcast(tensors, source, f"copying rank {source}'s parameters to every rank (join)")
 
     def _broadcast(self, tensors: list[torch.Tensor], source: int, what: str) -> None:
