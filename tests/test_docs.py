@@ -51,3 +51,18 @@ def test_the_online_tuning_table_is_what_its_json_prints():
             ("ResNet-50 ({ddp}), poor start, no fallback", figure("tune-online-resnet50-poor-start")),
             ("Transformer", figure("tune-online-transformer"))]
     assert script("bench_table").tuning_summary(runs) in (ROOT / "docs" / "tuning.md").read_text()
+
+
+
+def test_the_conformance_figures_are_what_their_json_prints():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "conformance"))  # the suite's modules import each other by name
+    import run
+    import selection
+
+    report = figure("conformance")
+    assert report["tests"] == [s.name for s in selection.SELECTED]
+    assert run.headline(report) in " ".join(README.split())  # the README's sentence may wrap
+    page = (ROOT / "docs" / "conformance.md").read_text()
+    assert run.summary(report) in page and run.exclusions() in page

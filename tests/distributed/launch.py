@@ -19,9 +19,18 @@ def free_port() -> int:
 
 
 def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0,
-              env: dict | None = None) -> list[subprocess.CompletedProcess]:
-    """Run ``script`` (a file next to this one) on ``world`` ranks; return their results."""
+              env: dict | None = None, agent_store: bool = False) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` (a file next to this one) on ``world`` ranks; return their results.
+
+    With ``agent_store`` the job's key-value store is hosted here, as torchrun's agent hosts it,
+    so that it outlives every rank; else rank 0 hosts it (``init_process_group``'s env://)."""
     port = free_port()
+    store = None
+    if agent_store:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)  # lives to the end
+        env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
     procs = []
     for rank in range(world):
         penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -39,6 +48,7 @@ def run_ranks(script: str, world: int, *args: str, timeout: float = 120.0,
             out, err = proc.communicate()
             raise AssertionError(f"ranks did not finish within {timeout} s (hang?)\n{err[-3000:]}")
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    del store
     return results
 
 

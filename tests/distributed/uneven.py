@@ -56,7 +56,8 @@ def main():
     parser.add_argument("--no-join", action="store_true")
     parser.add_argument("--then", choices=["exit", "barrier"], default="barrier")
     parser.add_argument("--timeout", type=float, default=60.0)
-    parser.add_argument("--misuse", choices=["eval", "nostep"], help="what the last rank does once the others joined")
+    parser.add_argument("--misuse", choices=["eval", "nostep"], help="what the last rank does once the others joined: "
+                        "eval (refused inside join()), nostep (allowed, as with DDP)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -122,12 +123,29 @@ def main():
         json.dump(report, f)
     if args.no_join and args.then == "exit" and report["error"] is None:
         return  # the script ends, as a user's does: gradsched closes at exit
+    if args.no_join and report["error"] is not None:
+        _wait_for_the_other_failures(dist.get_world_size() - 1)
     if report["error"] is None:
         if args.impl != "ddp" and not args.no_join:
             (optimizer if args.impl == "wrap" else model).close()  # parameter servers end with it
         if not args.servers:
             dist.barrier()
     finish()
+
+
+def _wait_for_the_other_failures(failing: int) -> None:
+    """Leave only once every rank still training has failed (and so has asked the others how
+    far they got): the first to leave would otherwise break the short rank's barrier, and that
+    rank would report itself closed to the others still asking."""
+    import time
+
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.add("uneven/failed", 1)
+    deadline = time.monotonic() + 30.0
+    while store.add("uneven/failed", 0) < failing and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

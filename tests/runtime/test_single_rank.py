@@ -249,9 +249,11 @@ def test_misuse_is_reported(world_of_one):
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(GradschedError, match="no trainable parameters"):
         gradsched.wrap(frozen, torch.optim.SGD(frozen.parameters(), lr=0.1))
-    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(GradschedError, match="already wrapped"):
-        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, earlier = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))  # takes over, as DDP allows
+    for use in (earlier.step, earlier.zero_grad, lambda: earlier.no_sync().__enter__()):
+        with pytest.raises(GradschedError, match="wrapped again since"):
+            use()
     with pytest.raises(GradschedError, match="already wrapped"):
         gradsched.wrap(net(), opt)
     with pytest.raises(RuntimeError, match="closure"):
@@ -306,7 +308,7 @@ def test_amp_grad_scaler_after_synchronize(world_of_one):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
         for step, (x, y) in enumerate(batches()):
             opt.zero_grad()
-            scale = 1e30 if step == 3 else 1.0  # an overflowing step must be skipped
+            scale = float("inf") if step == 3 else 1.0  # an overflowing step (for certain) must be skipped
             scaler.scale(nn.functional.cross_entropy(model(x), y) * scale).backward()
             if wrapped:
                 opt.synchronize()

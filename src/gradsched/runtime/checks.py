@@ -13,7 +13,7 @@ from torch import nn
 
 from ..files import problem_writing
 from .config import RuntimeConfig
-from .errors import GradschedError
+from .errors import GradschedError, entry
 from .optimizer import ScheduledOptimizer
 from . import wire_format
 from .wire_format import RankChecks
@@ -22,20 +22,20 @@ from .wire_format import RankChecks
 def check_arguments(model: nn.Module) -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise GradschedError(
-            "gradsched.wrap needs torch.distributed: call torch.distributed.init_process_group(...) first "
+            f"{entry()} needs torch.distributed: call torch.distributed.init_process_group(...) first "
             "(under torchrun: init_process_group('gloo') on CPU, 'nccl' on GPU)"
         )
     if not isinstance(model, nn.Module):
-        raise TypeError(f"gradsched.wrap: model must be a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"{entry()}: model must be a torch.nn.Module, got {type(model).__name__}")
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, ScheduledOptimizer):
-        raise GradschedError("gradsched.wrap: this optimizer is already wrapped")
+        raise GradschedError(f"{entry()}: this optimizer is already wrapped")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"gradsched.wrap: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise TypeError(f"{entry()}: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, torch.optim.LBFGS):
-        raise GradschedError("gradsched.wrap: LBFGS needs a closure over all parameters and cannot update per parameter")
+        raise GradschedError(f"{entry()}: LBFGS needs a closure over all parameters and cannot update per parameter")
 
 
 def check_options(policy: str, config: RuntimeConfig) -> None:
@@ -45,9 +45,9 @@ def check_options(policy: str, config: RuntimeConfig) -> None:
     if config.trace:
         problem = problem_writing(config.trace)
         if problem:
-            raise ValueError(f"gradsched.wrap: trace={config.trace!r} {problem}")
+            raise ValueError(f"{entry()}: trace={config.trace!r} {problem}")
     if config.autotune_space is not None and not config.autotune:
-        raise ValueError("gradsched.wrap: autotune_space is set but autotune is not; pass autotune=True to tune online")
+        raise ValueError(f"{entry()}: autotune_space is set but autotune is not; pass autotune=True to tune online")
     if config.autotune:
         from ..extras import require
         from ..tune.space import default_space  # not gradsched.tune: that loads Optuna
@@ -57,14 +57,16 @@ def check_options(policy: str, config: RuntimeConfig) -> None:
         try:
             default_space(policy, config.autotune_space)
         except ValueError as exc:
-            raise ValueError(f"gradsched.wrap(autotune=True): {exc}") from None
+            raise ValueError(f"{entry()}(autotune=True): {exc}") from None
 
 
 def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
-    """Names and parameters that get gradients, each shared parameter once."""
+    """Names and parameters whose gradients are communicated, each shared parameter once:
+    those that get gradients, but not the empty ones (a layer of zero features), which hold
+    nothing to average."""
     names, params, seen = [], [], set()
     for name, p in model.named_parameters():
-        if p.requires_grad and id(p) not in seen:
+        if p.requires_grad and p.numel() > 0 and id(p) not in seen:
             seen.add(id(p))
             names.append(name)
             params.append(p)
@@ -74,9 +76,9 @@ def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
 def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None:
     """Raise for trainable parameters gradsched cannot communicate."""
     if not params:
-        raise GradschedError("gradsched.wrap: the model has no trainable parameters")
+        raise GradschedError(f"{entry()}: the model has no trainable parameters")
     if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
-        raise GradschedError("gradsched.wrap: architecture='ps' moves CPU tensors over gloo for now; "
+        raise GradschedError(f"{entry()}: architecture='ps' moves CPU tensors over gloo for now; "
                              "use architecture='allreduce' for CUDA parameters")
 
 
@@ -87,7 +89,7 @@ def stray_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: 
     model_ids = {id(p) for p in model.parameters()}
     foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in model_ids)
     if foreign:
-        raise GradschedError(f"gradsched.wrap: the optimizer holds {foreign} parameters that are not in the model")
+        raise GradschedError(f"{entry()}: the optimizer holds {foreign} parameters that are not in the model")
     known = {id(p) for g in optimizer.param_groups for p in g["params"]}
     return [n for n, p in zip(names, params) if id(p) not in known]
 
@@ -113,12 +115,12 @@ def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], pol
     for other_rank, other in enumerate(everyone):
         if other.structure != base.structure:
             raise GradschedError(
-                f"gradsched.wrap: rank {other_rank} has different parameters than rank 0 "
+                f"{entry()}: rank {other_rank} has different parameters than rank 0 "
                 f"({_structure_difference(base.structure, other.structure, other_rank)}): every rank must "
                 "wrap the same model"
             )
         if other.config != base.config:
-            raise GradschedError(f"gradsched.wrap: rank {other_rank} passed a different configuration than rank 0: "
+            raise GradschedError(f"{entry()}: rank {other_rank} passed a different configuration than rank 0: "
                                  f"{_differences(json.loads(base.config), json.loads(other.config))}")
     if config.broadcast_parameters:
         return
@@ -126,7 +128,7 @@ def check_across_ranks(names: Sequence[str], params: Sequence[nn.Parameter], pol
         for name, a, b in zip(names, base.sums, other.sums):
             if a != b:
                 raise GradschedError(
-                    f"gradsched.wrap: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "
+                    f"{entry()}: parameter {name!r} differs between rank 0 and rank {other_rank}: seed "
                     "the model identically on every rank, or pass broadcast_parameters=True to copy rank 0's"
                 )
 

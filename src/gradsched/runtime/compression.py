@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import GradschedError
+from .errors import GradschedError, entry
 
 WIRE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,7 +33,7 @@ def check_compressible(compression: str | None, names: Sequence[str], params: Se
         return
     for name, p in zip(names, params):
         if not p.dtype.is_floating_point or p.is_complex():
-            raise GradschedError(f"gradsched.wrap(compression={compression!r}): parameter {name!r} is {p.dtype}; "
+            raise GradschedError(f"{entry()}(compression={compression!r}): parameter {name!r} is {p.dtype}; "
                                  "only floating-point gradients can be compressed (pass compression=None)")
 
 
@@ -47,7 +47,7 @@ def check_backend(compression: str | None, group: dist.ProcessGroup) -> None:
     try:
         dist.all_reduce(torch.ones(2, dtype=dtype, device=device), group=group)
     except (RuntimeError, ValueError) as exc:
-        raise GradschedError(f"gradsched.wrap(compression={compression!r}): the {dist.get_backend(group)} backend "
+        raise GradschedError(f"{entry()}(compression={compression!r}): the {dist.get_backend(group)} backend "
                              f"cannot all-reduce {dtype} here: {exc}") from exc
 
 

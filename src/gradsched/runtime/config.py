@@ -16,6 +16,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .errors import entry
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -24,9 +26,11 @@ class RuntimeConfig:
     rank must pass the same values (``trace`` and ``exit_server`` excepted)."""
 
     # -- what is communicated (as DDP's options of the same names) --
-    find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: costs one small
-    #   collective per backward pass; a parameter unused on every rank keeps grad=None and is not updated
-    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before every forward pass
+    find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: settled when it ends,
+    #   as DDP (one small collective per backward pass); a parameter unused on every rank keeps its grad (None)
+    #   and is not updated
+    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before every forward pass that
+    #   trains (gradients enabled, outside no_sync()), as DDP
     broadcast_parameters: bool = False  # at wrap time, copy rank 0's parameters instead of requiring equal ones
     compression: str | None = None  # "bf16" or "fp16": every message travels in that dtype, divided by the
     #   number of workers, then cast (one cast per message), and cast back on arrival, as DDP's bf16/fp16
@@ -100,7 +104,7 @@ class RuntimeConfig:
             kinds = accepted.get(kind, (dict,) if kind == "dict" else (object,))
             if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
                 unit = " (seconds)" if f.name == "timeout" else ""
-                raise TypeError(f"gradsched.wrap: {f.name} must be {f.type}{unit}, got {value!r}")
+                raise TypeError(f"{entry()}: {f.name} must be {f.type}{unit}, got {value!r}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RuntimeConfig:
@@ -110,7 +114,7 @@ class RuntimeConfig:
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else f"; options: {', '.join(known)}"
-                raise TypeError(f"gradsched.wrap() got an unknown option {name!r}{hint}")
+                raise TypeError(f"{entry()}() got an unknown option {name!r}{hint}")
         return cls(**options)
 
     def fingerprint(self) -> dict:

@@ -16,18 +16,19 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..core.base import PolicyConfig
 from ..files import problem_writing
+from .broadcast import broadcast_flat
 from .compression import wire_dtype
 from .config import RuntimeConfig
-from .errors import GradschedError, failing_rank
+from .errors import GradschedError, entry
 from .exchange import Exchange
+from .hooks import Hook
 from .inflight import Handover, plain
 from .join import Iteration, UnevenInputs
 from .peer_status import PeerStatus, Status
@@ -38,6 +39,7 @@ from .ps import PushPull
 from .stats import RunStats
 from .topology import Topology
 from .tracing import RunTrace
+from .unused import UnusedParameters, agree_unused
 from .transport import AllReduce, Transport
 from .updates import DeferredUpdates, clear_grad
 
@@ -86,8 +88,11 @@ class Coordinator:
         self._broken = False
         self.uneven = UnevenInputs(self)  # join(): ranks with fewer batches shadow the others
         self._active_at = time.monotonic()  # the latest forward pass began (or the wrap)
-        self._stepped_round = 0  # the latest round step() followed
         self._grad_scale: float | None = None  # applied to this round's reduced gradients (join)
+        self.on_close: list[Callable[[], None]] = []
+        self.replaced = False  # closed because a later wrap of the same model took over
+        self.entry = entry()  # what the user called, for errors raised later
+        self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
             self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.group("control"))
             self.exchange.explain = self.peers.explain
@@ -95,6 +100,10 @@ class Coordinator:
         except BaseException:
             self._abandon()
             raise
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def policy_name(self) -> str:
@@ -135,41 +144,43 @@ class Coordinator:
                                self.topology.group("control"), self.rank, self.world_size,
                                self.topology.group("buffers"),
                                settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"))
-        # The hooks wait on other threads and read clocks: under torch.compile they run as
-        # they are, each one graph break, instead of being traced (docs/runtime.md, "torch.compile")
-        untraced = torch.compiler.disable
-        self._handles.append(self.model.register_forward_pre_hook(untraced(self._before_root)))
-        self._handles.append(self.model.register_forward_hook(untraced(self._after_root)))
+        self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
+        self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
         for module in self.model.modules():
             if module in hooked:
-                self._handles.append(module.register_forward_pre_hook(untraced(self._before_module)))
-        self._handles.append(self.model.register_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
-        self._handles.append(self.model.register_load_state_dict_pre_hook(lambda *a, **k: self.synchronize()))
+                self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
+        self._handles.append(self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
+        self._handles.append(self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if self._no_sync or self._closed:
+        if self._closed:
+            return
+        i = self.index[id(p)]
+        grad = plain(p.grad)  # None: an undefined gradient reached this parameter
+        if self._no_sync:
+            if self.unused is not None and grad is not None:
+                self.unused.local_gradient(i)
             return
         now = time.perf_counter()
         if self._new_round:
             self._start_round(now)
-        i = self.index[id(p)]
+            if self.unused is not None:
+                self.unused.begin()  # which parameters will this backward pass reach?
+        if grad is not None:
+            self._hand_over_grad(i, grad, now)
+        if self.unused is not None and self.unused.report(i, grad is not None):
+            self._settle_unused()  # the last gradient this backward pass gives the model
+
+    def _hand_over_grad(self, i: int, grad: torch.Tensor, now: float) -> None:
         if self.exchange.ready_round[i] == self.round:
             raise GradschedError(
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
-                "backward per forward, and use optimizer.no_sync() for backward passes that should not communicate"
+                "backward per forward, and use no_sync() for backward passes that should not communicate"
             )
-        grad = plain(p.grad)
-        home = self._homes.get(i)
-        if home is not None:
-            if grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
-                home.copy_(grad)
-                grad = home
-        elif not grad.is_contiguous():
-            grad = grad.contiguous()
         self._timing.ready[self.names[i]] = now
         if self.trace:
             self.trace.ready(self.round, self.names[i], now, backward_from=self._timing.forward_end)
-        self.handover.hand_over(i, grad, self.round, self._grad_scale)
+        self.handover.receive(i, grad, self._homes.get(i), self.round, self._grad_scale)
 
     def _start_round(self, now: float) -> None:
         self.round += 1
@@ -185,7 +196,7 @@ class Coordinator:
             self.synchronize()
         else:  # a gradient no step claimed would have the next backward pass added to it on the wire
             unclaimed = [i for i in range(len(self.params)) if self.exchange.in_flight(i)
-                         and not self.updates.pending(i) and i not in self._globally_unused]
+                         and not self.updates.pending(i)]
             if unclaimed:
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self._active_at = time.monotonic()
@@ -193,11 +204,13 @@ class Coordinator:
         self._new_round = True
         source = 0
         self._grad_scale = None
+        training = torch.is_grad_enabled() and not self._no_sync  # DDP's condition for syncing buffers
+        if training and not self.uneven.enabled:  # a round no step() followed (no optimizer; two backward
+            self.planner.control_point(self.round)  # passes per step); inside join(): in announce()
         if self.uneven.enabled:
-            iteration = self.uneven.announce(self.round, self._stepped_round,
-                                             torch.is_grad_enabled() and not self._no_sync)
+            iteration = self.uneven.announce(self.round, training)
             source, self._grad_scale = iteration.source, self.uneven.grad_scale(iteration)
-        if self.config.broadcast_buffers and self.world_size > 1:
+        if self.config.broadcast_buffers and self.world_size > 1 and training:
             self.broadcast_buffers(source)
         self._ran.clear()
         self._timing = RoundTiming(forward_start=time.perf_counter())
@@ -205,7 +218,7 @@ class Coordinator:
     def shadow(self, iteration: Iteration) -> None:
         """On a rank that has joined: take part in one iteration of the ranks still training
         with zero gradients and no update (see :mod:`gradsched.runtime.join`)."""
-        if self.config.broadcast_buffers and self.world_size > 1:
+        if self.config.broadcast_buffers and self.world_size > 1 and iteration.communicates:
             self.broadcast_buffers(iteration.source)
         if not iteration.communicates:
             return
@@ -217,13 +230,11 @@ class Coordinator:
                                      self.round)
         self._round_open = False
         self._new_round = True
-        if self.config.find_unused_parameters:
+        if self.unused is not None:
             # counted as using every parameter, as DDP's joined ranks are: while a rank has
             # joined, a parameter the others all left unused gets a zero gradient, not none
             self._agree_unused([])
         self.exchange.wait_reduced(everything, "zero gradients shadowing the ranks still training (join)")
-        self._stepped_round = self.round
-        self.planner.control_point(self.round)
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
         self._timing.forward_end = time.perf_counter()
@@ -267,36 +278,45 @@ class Coordinator:
         self._round_open = False
         self.planner.record(self._timing, self.round)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
-        if missing and not self.config.find_unused_parameters:
+        if missing and self.unused is None:
             names = [self.names[i] for i in missing[:5]]
             self._broken = True  # this round can never complete: close() must not wait for it
             raise GradschedError(
                 f"{len(missing)} parameters got no gradient in this backward pass, e.g. {names}; if some "
-                "parameters are legitimately unused, pass find_unused_parameters=True to gradsched.wrap"
+                f"parameters are legitimately unused, pass find_unused_parameters=True to {self.entry}"
             )
-        if self.config.find_unused_parameters:
-            # Unused here: contribute zeros. Unused everywhere: the gradient stays None and
-            # the parameter is not updated, as if it were not trainable this round.
-            self._globally_unused = self._agree_unused(missing)
-            for i in missing:
-                p = self.params[i]
-                self.updates.flush(i)
-                home = self._homes.get(i)
-                zeros = home.zero_() if home is not None else torch.zeros_like(p)
-                if i in self._globally_unused:
-                    self.exchange.mark_ready(i, zeros, self.round)
-                else:
-                    self.handover.hand_over(i, zeros, self.round)
+        if self.unused is not None and self.unused.open:  # the backward pass ended early (it raised)
+            self._settle_unused()
         self._detect_orphans()
 
+    def _settle_unused(self) -> None:
+        """``find_unused_parameters``: the backward pass is over, so every parameter it gave no
+        gradient is handed over now (see :mod:`gradsched.runtime.unused`)."""
+        self._globally_unused = self._agree_unused(self.unused.settle(len(self.params)))
+        for i in [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]:
+            p = self.params[i]
+            if self.exchange.in_flight(i) or self.updates.pending(i):  # its previous round first
+                self.updates.wait_and_apply([i], f"parameter {self.names[i]!r}")
+            home = self._homes.get(i)
+            held = plain(p.grad)
+            if i in self._globally_unused:  # used nowhere: .grad stays as it is
+                if home is not None and held is home:  # .grad lives where the message reduces: restored after
+                    self.handover.hand_over(i, home, self.round, keep=home.clone())
+                else:
+                    self.exchange.mark_ready(i, home.zero_() if home is not None else torch.zeros_like(p), self.round)
+                continue
+            with torch.no_grad():  # used elsewhere: reduced with what this rank holds, as DDP does
+                if held is None:
+                    contribution = home.zero_() if home is not None else torch.zeros_like(p)
+                elif home is not None:
+                    contribution = home if held is home else home.copy_(held)
+                else:
+                    contribution = held.detach().contiguous()
+            self.handover.hand_over(i, contribution, self.round, self._grad_scale)
+
     def _agree_unused(self, missing: list[int]) -> set[int]:
-        """The parameters of ``missing`` that got no gradient on any rank."""
-        flags = torch.zeros(len(self.params), dtype=torch.float64)
-        flags[missing] = 1.0
-        if self.world_size > 1:
-            with failing_rank("agreeing on unused parameters", self.peers.explain):
-                dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.topology.group("control"))
-        return {i for i in missing if flags[i].item() == 1.0}
+        return agree_unused(missing, len(self.params), self.topology.group("control") if self.world_size > 1
+                            else None, self.peers.explain)
 
     def _detect_orphans(self) -> None:
         """A parameter got a gradient though no module owning it ran (it sits in a container
@@ -319,7 +339,14 @@ class Coordinator:
             self.planner.adopt(self.names[i], self._module_name[adopter])
 
     # -- optimizer entry points -----------------------------------------------------------
+    def check_in_use(self, what: str) -> None:
+        """Raise if a later wrap of the same model took over from this one."""
+        if self.replaced:
+            raise GradschedError(f"{what}: the model was wrapped again since; a later gradsched.wrap or "
+                                 "gradsched.DistributedDataParallel of the same model took over: use what it returned")
+
     def step(self) -> None:
+        self.check_in_use("optimizer.step()")
         self._close_round()
         snapshot = self.updates.snapshot()
         if not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
@@ -328,14 +355,15 @@ class Coordinator:
         else:
             with_grad = [i for i, p in enumerate(self.params) if p.grad is not None and i not in self._globally_unused]
             self.updates.request_step(with_grad, snapshot)
-        self._stepped_round = self.round
-        self.planner.control_point(self.round)
+        if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.join)
+            self.planner.control_point(self.round)
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
         self.optimizer = self.updates.optimizer = optimizer
 
     def zero_grad(self, set_to_none: bool) -> None:
+        self.check_in_use("zero_grad()")
         self.updates.request_zero(set_to_none)
         # parameters the optimizer knows but gradsched does not communicate (frozen ones)
         for group in self.optimizer.param_groups if self.optimizer is not None else []:
@@ -370,6 +398,7 @@ class Coordinator:
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
+        self.check_in_use("no_sync()")
         self._no_sync += 1
         try:
             yield
@@ -400,28 +429,16 @@ class Coordinator:
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
-        self._broadcast([b for b in self.model.buffers() if b is not None], source, "broadcasting buffers")
+        broadcast_flat([b for b in self.model.buffers() if b is not None], source, self.topology.group("buffers"),
+                       "broadcasting buffers", self.peers.explain)
 
     def broadcast_model(self, source: int) -> None:
-        """Copy rank ``source``'s parameters and buffers to every worker."""
-        tensors = list(self.model.parameters()) + [b for b in self.model.buffers() if b is not None]
-        self._broadcast(tensors, source, f"copying rank {source}'s parameters to every rank (join)")
-
-    def _broadcast(self, tensors: list[torch.Tensor], source: int, what: str) -> None:
-        """One broadcast per dtype, of ``tensors`` flattened, from rank ``source``."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for dtype in sorted(by_dtype, key=str):
-            group = by_dtype[dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
-            with failing_rank(what, self.peers.explain):
-                dist.broadcast(flat, src=source, group=self.topology.group("buffers"))
-            offset = 0
-            with torch.no_grad():
-                for t in group:
-                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
+        """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
+        tensors = list(self.model.parameters())
+        if self.config.broadcast_buffers:
+            tensors += [b for b in self.model.buffers() if b is not None]
+        broadcast_flat(tensors, source, self.topology.group("buffers"),
+                       f"copying rank {source}'s parameters to every rank (join)", self.peers.explain)
 
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""
@@ -458,6 +475,10 @@ class Coordinator:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            if self.unused is not None:
+                self.unused.close()
+            for release in self.on_close:  # what the objects users hold let go of (DistributedDataParallel's)
+                release()
             self.exchange.close(wait=wait)  # every object lets go of the groups it used
             self.planner.close()
             self.topology.release()

@@ -23,7 +23,9 @@ around ``step()`` before or after keep working.
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -35,11 +37,13 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .checks import check_optimizer, stray_parameters, warn_stray
 from .coordinator import Coordinator
-from .errors import GradschedError
+from .errors import GradschedError, entered_through
 from .join import JoinsUnevenInputs, UnevenInputs
 from .optimizer import ScheduledOptimizer
 from .stats import RunStats
-from .wrap import _WRAPPED, start
+from .wrap import start
+
+_WHERE = "gradsched.DistributedDataParallel"
 
 # DDP options with no counterpart here; each must keep DDP's default.
 _UNSUPPORTED = {
@@ -50,7 +54,6 @@ _UNSUPPORTED = {
     "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
     "batched_grad_copy": False,
-    "forward_sync_buffers": None,
 }
 _BINDERS: weakref.WeakSet = weakref.WeakSet()  # wrapped models whose optimizer may step
 _HOOK = None  # the one global optimizer step pre-hook, registered on first use
@@ -61,7 +64,10 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
 
     Args (DDP's, as documented by PyTorch):
         device_ids: ``None`` on CPU, or ``[device]`` where the module is (one device per process).
-        broadcast_buffers: copy rank 0's buffers before every forward pass (default True).
+        forward_sync_buffers: copy rank 0's buffers before every forward pass that trains (gradients
+            enabled, outside ``no_sync()``); default True.
+        broadcast_buffers: the older name of ``forward_sync_buffers``; ``False`` also skips the
+            buffers' copy at construction (deprecated where PyTorch deprecates it, with its warning).
         init_sync: copy rank 0's parameters and buffers now (default True; False requires them equal).
         process_group: only the default group.
         bucket_cap_mb: size of the DDP-style buckets the measured fallback (and ``policy="fifo"``) uses.
@@ -69,6 +75,10 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         check_reduction, gradient_as_bucket_view, static_graph: accepted, no effect: gradients
             already live in the plan's buffers, and the graph is measured every backward pass.
         output_device, dim: accepted for one device per process, as DDP.
+
+    Wrapping a module again (while an earlier wrapper of it lives, or after) takes over from
+    the earlier wrapper, which stops communicating. The wrapper pickles (``torch.save(model)``,
+    ``copy.deepcopy``) as DDP's does: every rank must load it, as it attaches anew.
 
     gradsched's:
         policy: as :func:`gradsched.wrap`; by default the environment variable ``GRADSCHED_POLICY``,
@@ -84,7 +94,7 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         device_ids: list | None = None,
         output_device: Any = None,
         dim: int = 0,
-        broadcast_buffers: bool | None = True,
+        broadcast_buffers: bool | None = None,
         init_sync: bool = True,
         process_group: Any = None,
         bucket_cap_mb: float | None = None,
@@ -92,6 +102,7 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        forward_sync_buffers: bool | None = None,
         *,
         policy: str | None = None,
         policy_options: dict[str, Any] | None = None,
@@ -99,27 +110,65 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
     ) -> None:
         super().__init__()
         policy = policy or os.environ.get("GRADSCHED_POLICY") or "bytescheduler"
-        options = _runtime_options(module, device_ids, output_device, dim, process_group, options)
-        options = dict(options, find_unused_parameters=find_unused_parameters,
-                       broadcast_buffers=broadcast_buffers is not False, broadcast_parameters=init_sync)
-        if bucket_cap_mb is not None:
-            options["bucket_cap_mb"] = float(bucket_cap_mb)
-            if policy == "fifo":
-                policy_options = {"bucket_cap_bytes": int(bucket_cap_mb * (1 << 20)), **(policy_options or {})}
-        if options.get("exit_server") is False:
-            raise ValueError("gradsched.DistributedDataParallel: exit_server=False is for gradsched.wrap; here a "
-                             "parameter server ends its process once the workers are done")
+        with entered_through(_WHERE):
+            options = _runtime_options(module, device_ids, output_device, dim, process_group, options)
+            sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+            options = dict(options, find_unused_parameters=find_unused_parameters, broadcast_buffers=sync_buffers,
+                           broadcast_parameters=init_sync)
+            if bucket_cap_mb is not None:
+                options["bucket_cap_mb"] = float(bucket_cap_mb)
+                if policy == "fifo":
+                    policy_options = {"bucket_cap_bytes": int(bucket_cap_mb * (1 << 20)), **(policy_options or {})}
+            if options.get("exit_server") is False:
+                raise ValueError(f"{_WHERE}: exit_server=False is for gradsched.wrap; here a parameter server "
+                                 "ends its process once the workers are done")
         self.module = module
-        # on a parameter server rank (architecture="ps"), start() serves and ends the process
-        coordinator = start(module, None, policy, policy_options, options)
+        self._arguments = (policy, policy_options, options)  # what a pickled copy attaches with
+        self._attach(init_sync and init_sync_buffers)
+
+    def _attach(self, sync_buffers: bool) -> None:
+        policy, policy_options, options = self._arguments
+        with entered_through(_WHERE):
+            # on a parameter server rank (architecture="ps"), start() serves and ends the process
+            coordinator = start(self.module, None, policy, policy_options, options)
         if coordinator is None:  # pragma: no cover - exit_server=False was refused above
-            raise GradschedError("gradsched.DistributedDataParallel: a parameter server returned")
+            raise GradschedError(f"{_WHERE}: a parameter server returned")
         self._binder = _Binder(coordinator)
-        if init_sync and coordinator.world_size > 1:
+        if sync_buffers and coordinator.world_size > 1:
             coordinator.broadcast_buffers()  # DDP copies rank 0's buffers at construction too
         _BINDERS.add(self._binder)
         _register_hook()
-        weakref.finalize(self, _WRAPPED.discard, module)
+
+    @property
+    def forward_sync_buffers(self) -> bool:
+        """Whether rank 0's buffers are copied before every forward pass that trains (DDP's option)."""
+        return self._arguments[2]["broadcast_buffers"]
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """The same as :attr:`forward_sync_buffers` (DDP's older name)."""
+        return self.forward_sync_buffers
+
+    # -- pickling, as DDP's wrapper pickles (torch.save(model), copy.deepcopy) -------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The module (updated: every pending update applied) and the arguments; no coordinator."""
+        self._binder.coordinator.synchronize()
+        state = dict(self.__dict__)
+        del state["_binder"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Attach a coordinator of its own to the unpickled module (on the default process
+        group, as DDP's wrapper does): a collective, so every rank loads it. The parameters are
+        not copied from rank 0 again; they must be equal on every rank, as where they were saved."""
+        super().__setstate__(state)
+        if not (dist.is_available() and dist.is_initialized()):
+            raise GradschedError(f"{_WHERE}: unpickling the wrapper attaches it to the default process group, "
+                                 "which is not initialized: call torch.distributed.init_process_group(...) first, "
+                                 "or save and load model.module (or its state_dict) instead")
+        policy, policy_options, options = self._arguments
+        self._arguments = (policy, policy_options, dict(options, broadcast_parameters=False))
+        self._attach(sync_buffers=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -164,12 +213,11 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
 
     def close(self) -> None:
         """Finish communication, detach every hook and release the bound optimizer."""
-        self._binder.close()
-        _WRAPPED.discard(self.module)
+        self._binder.coordinator.close()
 
     def register_comm_hook(self, state: object, hook: Any) -> None:
-        raise GradschedError("gradsched.DistributedDataParallel takes no DDP communication hook: gradsched "
-                             "schedules the communication itself")
+        raise GradschedError(f"{_WHERE} takes no DDP communication hook: gradsched schedules the communication "
+                             "itself (for compressed messages: compression='bf16' or 'fp16')")
 
     def _uneven_inputs(self) -> UnevenInputs:
         return self._binder.coordinator.uneven
@@ -184,12 +232,13 @@ class _Binder:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduled: ScheduledOptimizer | None = None
         self._handles: list[Any] = []
+        coordinator.on_close.append(self._release)
 
     def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
         """The step pre-hook: schedule this step, and let the optimizer's own ``step()``
         run on none of the model's parameters (it still runs any closure, returning its loss)."""
         co = self.coordinator
-        if co._closed or co.updates.applying:
+        if co.closed or co.updates.applying:
             return None
         if optimizer is self.optimizer:
             pass
@@ -208,7 +257,7 @@ class _Binder:
             co.synchronize()
         if closure is not None:
             kwargs["closure"] = lambda: loss
-        return (_stepping_nothing(optimizer),), kwargs
+        return (_stepping_nothing(optimizer, co.index),), kwargs
 
     def _bind(self, optimizer: torch.optim.Optimizer) -> None:
         check_optimizer(optimizer)
@@ -227,8 +276,8 @@ class _Binder:
         self._handles = [optimizer.register_state_dict_pre_hook(lambda opt: co.synchronize()),
                          optimizer.register_load_state_dict_pre_hook(lambda opt, state: co.synchronize())]
 
-    def close(self) -> None:
-        self.coordinator.close()
+    def _release(self) -> None:
+        """The coordinator closed (by close(), or a later wrap of the module): let go of the optimizer."""
         _BINDERS.discard(self)
         if self.optimizer is not None:
             self.optimizer.__dict__.pop("zero_grad", None)
@@ -236,12 +285,14 @@ class _Binder:
                 handle.remove()
 
 
-def _stepping_nothing(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """A shallow copy of ``optimizer`` whose groups hold no parameters: its class's ``step()``
-    runs (closure included) and updates nothing."""
+def _stepping_nothing(optimizer: torch.optim.Optimizer, scheduled: dict[int, int]) -> torch.optim.Optimizer:
+    """A shallow copy of ``optimizer`` whose groups hold none of the ``scheduled`` parameters
+    (gradsched updates those itself): its class's ``step()`` runs (closure included) on the
+    others only, such as empty parameters, whose gradients are not communicated."""
     stand_in = object.__new__(type(optimizer))
     stand_in.__dict__.update(optimizer.__dict__)
-    stand_in.param_groups = [{**group, "params": []} for group in optimizer.param_groups]
+    stand_in.param_groups = [{**group, "params": [p for p in group["params"] if id(p) not in scheduled]}
+                             for group in optimizer.param_groups]
     return stand_in
 
 
@@ -259,10 +310,30 @@ def _before_any_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
     return None
 
 
+def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:
+    """(sync buffers before each forward pass that trains, sync them at construction), as DDP
+    decides them: ``forward_sync_buffers`` wins and leaves the construction's sync on; the older
+    ``broadcast_buffers=False`` turns both off; both default to True. Where the installed
+    PyTorch deprecates ``broadcast_buffers`` (2.13), passing it warns as DDP does."""
+    if broadcast_buffers is not None and _DDP_DEPRECATES_BROADCAST_BUFFERS:
+        both = forward_sync_buffers is not None
+        warnings.warn(f"{_WHERE}: `broadcast_buffers` is deprecated, as in PyTorch's DDP: use `forward_sync_buffers`"
+                      + (" (given too, it wins)" if both else "; unlike broadcast_buffers=False, forward_sync_buffers"
+                         "=False still copies rank 0's buffers at construction"), FutureWarning, stacklevel=3)
+    if forward_sync_buffers is not None:
+        return bool(forward_sync_buffers), True
+    sync = broadcast_buffers is not False
+    return sync, sync
+
+
+_DDP_DEPRECATES_BROADCAST_BUFFERS = "forward_sync_buffers" in inspect.signature(
+    torch.nn.parallel.DistributedDataParallel.__init__).parameters
+
+
 def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
                      process_group: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Check DDP's arguments; return the keyword options that are gradsched's."""
-    where = "gradsched.DistributedDataParallel"
+    where = _WHERE
     for name, default in _UNSUPPORTED.items():
         if name in options and options[name] is not default:
             raise GradschedError(f"{where}: DDP's option {name}= is not supported")

@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable, Iterator
+
+_ENTRY: ContextVar[str] = ContextVar("gradsched_entry", default="gradsched.wrap")
+
+
+def entry() -> str:
+    """What the user called, for error messages: ``gradsched.wrap`` unless a caller said otherwise."""
+    return _ENTRY.get()
+
+
+@contextmanager
+def entered_through(name: str) -> Iterator[None]:
+    """Errors raised inside name ``name`` as the call the user made (``gradsched.DistributedDataParallel``)."""
+    token = _ENTRY.set(name)
+    try:
+        yield
+    finally:
+        _ENTRY.reset(token)
 
 
 class GradschedError(RuntimeError):

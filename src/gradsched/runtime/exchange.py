@@ -27,6 +27,12 @@ from .plans import Adopted, PlanVersions
 from .transport import Transport
 
 
+def _in_backward() -> bool:
+    """Whether this thread runs a backward pass (one may still hand gradients over: activation
+    checkpointing re-runs forward passes, and their hooks wait, inside backward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 class Exchange:
     def __init__(
         self,
@@ -114,6 +120,13 @@ class Exchange:
                 pending = [i for i in indices if self.reduced_round[i] < self.ready_round[i]]
                 if not pending:
                     return None
+                absent = [] if _in_backward() else self.launcher.held_up_by(pending)
+                if absent:  # only the training thread hands gradients over, and it is waiting here
+                    names = [self.tensors[i].name for i in absent]
+                    return (f"the reduction of {what} can never complete: it travels after gradients that the "
+                            f"latest backward pass did not produce ({len(names)} parameters got none, e.g. "
+                            f"{names[:3]}), and no backward pass is running that could; if some parameters are "
+                            "legitimately unused, pass find_unused_parameters=True"), None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     names = [self.tensors[i].name for i in pending]

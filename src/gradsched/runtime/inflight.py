@@ -14,6 +14,7 @@ reduction is first seen complete (:meth:`Handover.clip_value`), not waited for a
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -55,14 +56,40 @@ class Handover:
         self.exchange = exchange
         self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
         self.scales: dict[int, float] = {}  # parameter -> factor, applied once reduced (before clamping)
+        self.kept: dict[int, torch.Tensor] = {}  # parameter -> the value its .grad gets back once reduced
+        self._warned_create_graph = False
 
-    def hand_over(self, i: int, grad: torch.Tensor, round_index: int, scale: float | None = None) -> None:
+    def receive(self, i: int, grad: torch.Tensor, home: torch.Tensor | None, round_index: int,
+                scale: float | None = None) -> None:
+        """Hand over the gradient backward just produced for parameter ``i``: moved into its home
+        (its place in the plan's flat buffer) if it has one. Under ``backward(create_graph=True)``
+        it is averaged as values, as with DDP (the graph through it is not kept)."""
+        if grad.requires_grad:
+            if not self._warned_create_graph:
+                self._warned_create_graph = True
+                warnings.warn("gradsched: backward(create_graph=True): gradients are averaged as values; the graph "
+                              "through them is not kept, so higher-order gradients are not synchronized across "
+                              "ranks (as with DDP)", stacklevel=4)
+            grad = grad.detach()
+        with torch.no_grad():
+            if home is not None:
+                if grad is not home:  # a fresh gradient (after zero_grad(set_to_none=True)): move it in
+                    home.copy_(grad)
+                    grad = home
+            elif not grad.is_contiguous():
+                grad = grad.contiguous()
+        self.hand_over(i, grad, round_index, scale)
+
+    def hand_over(self, i: int, grad: torch.Tensor, round_index: int, scale: float | None = None,
+                  keep: torch.Tensor | None = None) -> None:
         """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``;
-        once reduced, it is multiplied by ``scale`` if given."""
-        if scale is None:
-            self.scales.pop(i, None)
-        else:
-            self.scales[i] = scale
+        once reduced, it is multiplied by ``scale`` if given, or gets ``keep``'s value back (a
+        gradient that must stay untouched, though the message reduces the memory it lives in)."""
+        for table, value in ((self.scales, scale), (self.kept, keep)):
+            if value is None:
+                table.pop(i, None)
+            else:
+                table[i] = value
         marked = grad.as_subclass(InFlightGrad)
         marked._gradsched_plain = grad
         marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
@@ -81,6 +108,9 @@ class Handover:
             p = self.params[i]
             if isinstance(p.grad, InFlightGrad):
                 p.grad = p.grad._gradsched_plain
+            kept = self.kept.pop(i, None)
+            if kept is not None and p.grad is not None:
+                p.grad.copy_(kept)
             scale = self.scales.pop(i, None)
             if scale is not None and p.grad is not None:
                 p.grad.mul_(scale)

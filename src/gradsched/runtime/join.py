@@ -27,8 +27,11 @@ gradsched takes part in PyTorch's generic join context manager
   rank's own, as with DDP (a joined rank did not step).
 
 Inside the context, as with DDP, each forward pass with gradients enabled and outside
-``no_sync()`` must be followed by ``backward()`` and ``optimizer.step()`` (evaluate under
-``torch.no_grad()``); a rank that breaks this gets a :class:`GradschedError`.
+``no_sync()`` must be followed by ``backward()`` (evaluate under ``torch.no_grad()``); a rank
+that breaks this gets a :class:`GradschedError`. An optimizer is optional, as with DDP. Inside
+the context a round's control point (:mod:`gradsched.runtime.planning`) is held when the next
+iteration is announced (or, on a rank that has joined, before it shadows the next one), not in
+``step()``, so that every rank holds it at the same point whether it steps or not.
 """
 
 from __future__ import annotations
@@ -95,24 +98,19 @@ class UnevenInputs(Joinable):
     def enabled(self) -> bool:
         return self._join_config.enable
 
-    def announce(self, round_index: int, stepped_round: int, communicates: bool) -> Iteration:
+    def announce(self, round_index: int, communicates: bool) -> Iteration:
         """Before a forward pass inside the context (the latest backward pass was
-        ``round_index``, the latest step followed ``stepped_round``): check the previous
-        iteration was whole, and tell the joined ranks what this one does."""
-        if self.announced is not None and self.announced[1]:
-            if round_index == self.announced[0]:
-                raise GradschedError(
-                    "gradsched join: a forward pass with gradients enabled ran no backward pass before the next "
-                    "forward pass; inside join() the ranks that have joined shadow that backward pass: run "
-                    "evaluation under torch.no_grad(), and call backward() after every other forward pass"
-                )
-            if stepped_round != round_index:
-                raise GradschedError(
-                    "gradsched join: no optimizer.step() followed the latest backward pass; inside join() every "
-                    "backward pass that communicates must be followed by step(), as the ranks that have joined "
-                    "shadow it"
-                )
+        ``round_index``): check the previous iteration was whole, and tell the joined ranks
+        what this one does."""
+        if self.announced is not None and self.announced[1] and round_index == self.announced[0]:
+            raise GradschedError(
+                "gradsched join: a forward pass with gradients enabled ran no backward pass before the next "
+                "forward pass; inside join() the ranks that have joined shadow that backward pass: run "
+                "evaluation under torch.no_grad(), and call backward() after every other forward pass"
+            )
         work = Join.notify_join_context(self)  # raises if throw_on_early_termination and a rank joined
+        co = self.coordinator
+        co.planner.control_point(round_index)  # inside the context, here: where the joined ranks hold theirs
         iteration = self.agree(communicates)
         if work is not None:
             work.wait()
@@ -165,6 +163,7 @@ class _Shadow(JoinHook):
         """One iteration of the ranks still training, shadowed by a rank that has joined."""
         uneven = self.uneven
         co = uneven.coordinator
+        co.planner.control_point(co.round)  # of the latest round: where the ranks training hold theirs
         if not uneven.joined:
             co.synchronize()  # this rank's own last updates
             uneven.joined = True

@@ -100,6 +100,23 @@ class Launcher:
                         futures.setdefault((state.index, k), state.futures[k])
             return list(futures.values())
 
+    def held_up_by(self, indices: Sequence[int]) -> list[int]:
+        """If the message this thread waits to launch lacks gradients of its round, and must go
+        before one that carries the latest gradient of one of ``indices``: every gradient that
+        round lacks (indices); else []. Called under the exchange's lock."""
+        waiting = self._waiting
+        if not isinstance(waiting, tuple):
+            return []
+        state, k, message = waiting
+        ready, index, r = self.exchange.ready_round, self.exchange.index, state.index
+        needed = list(message.tensors) + ([message.after_tensor] if message.after_tensor is not None else [])
+        if all(ready[index[name]] >= r for name in needed):
+            return []
+        for i in indices:
+            if ready[i] > r or (ready[i] == r and any(m >= k for m in state.messages_of.get(i, ()))):
+                return [j for j in range(len(ready)) if ready[j] < r]
+        return []
+
     def stop(self, wait: bool) -> None:
         """End the thread; with ``wait``, wait for what is in flight; close the transport."""
         self._thread.join(timeout=5.0)

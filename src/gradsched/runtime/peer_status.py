@@ -119,7 +119,9 @@ class PeerStatus:
                 self.store.set(self.prefix + "alarm", str(self.rank))
                 reports = self._collect()
             except Exception as exc:  # noqa: BLE001
-                self._explained = f" (the ranks' progress is unknown: the job's store did not answer: {exc})"
+                self._explained = (f" (the ranks' progress is unknown: the job's store did not answer: {exc}; the "
+                                   "process hosting it has ended: torchrun's agent, or rank 0 where the job was "
+                                   "started without torchrun)")
             else:
                 self._explained = describe(self.rank, mine, {r: reports.get(r) for r in self.peers})
         return self._explained

@@ -5,7 +5,9 @@ This is the one runtime module that uses the simulator: it makes plans
 
 At the rounds the :class:`~gradsched.control.ControlSchedule` names, rank 0 makes a plan
 from the median ready times of the latest rounds and the link estimate. One broadcast
-carries it to every rank, always at the same point of ``optimizer.step()``, and the plan
+carries it to every rank, always at the same point after a round (``optimizer.step()``; the
+next training forward pass where no step followed; inside ``join()``, the next iteration's
+announcement, see :mod:`gradsched.runtime.join`), and the plan
 takes effect from the next round on. After profiling, rank 0 runs the measured-arms
 experiment (:class:`~gradsched.control.ArmsExperiment`: the policy against DDP-style
 buckets, and the online tuner's candidates): it asks for each arm, makes (or re-uses) its
@@ -121,7 +123,8 @@ class Planner:
 
     # -- every rank ----------------------------------------------------------------------------
     def control_point(self, round_index: int) -> None:
-        """Called by ``optimizer.step()`` after round ``round_index`` on every rank."""
+        """Called after round ``round_index`` on every rank at the same point (once: later calls
+        for the same round do nothing)."""
         point = self.schedule.at(round_index)
         if point is None or round_index in self._done:
             return

@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .config import RuntimeConfig
-from .errors import GradschedError
+from .errors import GradschedError, entry
 
 
 # every group gradsched made in this process: destroyed at exit (gradsched.runtime.wrap),
@@ -49,7 +49,7 @@ def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
         return list(range(world_size)), []
     if world_size <= servers:
         raise GradschedError(
-            f"gradsched.wrap: {world_size} processes cannot hold {servers} servers and at least one worker; "
+            f"{entry()}: {world_size} processes cannot hold {servers} servers and at least one worker; "
             f"launch workers + servers processes (e.g. torchrun --nproc_per_node {servers + 2} for 2 workers)"
         )
     workers = world_size - servers

@@ -26,13 +26,13 @@ from .checks import (check_across_ranks, check_arguments, check_optimizer, check
 from .compression import check_backend, check_compressible, wire_dtype
 from .config import RuntimeConfig
 from .coordinator import Coordinator
-from .errors import GradschedError, failing_rank
+from .errors import GradschedError, entry, failing_rank
 from .optimizer import ScheduledOptimizer
 from .peer_status import stop_all
 from .server import Server
 from .topology import Topology, destroy_created
 
-_WRAPPED: weakref.WeakSet = weakref.WeakSet()
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weakref to its coordinator
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # coordinators, closed at exit if the user did not
 
 
@@ -81,19 +81,18 @@ def wrap(
     coordinator = start(model, optimizer, policy, policy_options, options)
     if coordinator is None:  # a parameter server, done serving (exit_server=False)
         return model, None
-    wrapped = ScheduledOptimizer(optimizer, coordinator)
-    weakref.finalize(wrapped, _WRAPPED.discard, model)
-    return model, wrapped
+    return model, ScheduledOptimizer(optimizer, coordinator)
 
 
 def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str,
           policy_options: dict[str, Any] | None, options: dict[str, Any]) -> Coordinator | None:
     """Check everything, agree with the other ranks and attach a coordinator to ``model``
     (applying ``optimizer``, or, if None, the one bound later). On a parameter server:
-    serve, then exit (or return None with ``exit_server=False``)."""
+    serve, then exit (or return None with ``exit_server=False``).
+
+    A model wrapped before is taken over, as DDP lets a module be wrapped again: the earlier
+    coordinator finishes its communication and detaches (what it returned then raises if used)."""
     check_arguments(model)
-    if model in _WRAPPED:
-        raise GradschedError("gradsched.wrap: this model is already wrapped; close the other optimizer first")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from: {', '.join(POLICIES)}")
     scheduling = policy_config(policy, **(policy_options or {}))
@@ -103,8 +102,9 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     check_parameters(params, config)
     check_compressible(config.compression, names, params)
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
+    _take_over(model)
     topology = Topology.create(config)
-    with failing_rank("gradsched.wrap: checking the ranks against each other"):
+    with failing_rank(f"{entry()}: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
         check_backend(config.compression, topology.group("data"))
@@ -118,9 +118,23 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     if topology.rank == 0:
         warn_stray(stray)
     coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology)
-    _WRAPPED.add(model)
+    _ATTACHED[model] = weakref.ref(coordinator)
     _OPEN.add(coordinator)
     return coordinator
+
+
+def _take_over(model: nn.Module) -> None:
+    """Close the coordinator an earlier wrap attached to ``model``, if it is still open (every
+    rank wraps again at the same point of its program, so what it waits for completes)."""
+    ref = _ATTACHED.pop(model, None)
+    previous = ref() if ref is not None else None
+    if previous is None or previous.closed:
+        return
+    previous.replaced = True
+    try:
+        previous.close()
+    except GradschedError:  # its last round can never complete (a parameter got no gradient): dropped
+        previous.close(wait=False)
 
 
 def _serve(model: nn.Module, names: list[str], params: list[nn.Parameter], config: RuntimeConfig,
