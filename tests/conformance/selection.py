@@ -77,7 +77,7 @@ _HOOK = ("registers a DDP communication hook ({}); gradsched schedules the commu
 _CUDA = "needs CUDA by nature: {}"
 _REFUSED = "uses {}, which gradsched refuses at construction (docs/runtime.md)"
 _UPSTREAM_SKIP = "skipped upstream itself: {}"
-_TORCH_FAILS = "PyTorch's own DDP does not pass it on CPU (ported here): {}"
+_TORCH_FAILS = "PyTorch's own DDP does not pass it on CPU, ported as the selected ones are (measured): {}"
 _TEXT = "asserts the wording of DDP's own error message ({})"
 
 

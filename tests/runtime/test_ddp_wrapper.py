@@ -120,6 +120,8 @@ def test_the_policy_comes_from_the_environment_when_not_given(world_of_one, monk
     ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be > 0"),
     ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
     ({"exit_server": False}, ValueError, "exit_server=False is for gradsched.wrap"),
+    ({"replan_evry": 3}, TypeError, "^gradsched.DistributedDataParallel\\(\\) got an unknown option 'replan_evry'"),
+    ({"timeout": "soon"}, TypeError, "^gradsched.DistributedDataParallel: timeout must be float"),
 ])
 def test_bad_ddp_options_give_one_clear_error(world_of_one, options, error, match):
     with pytest.raises(error, match=match):
@@ -176,3 +178,66 @@ def test_graph_breaks_under_compile_are_the_hooks_only(world_of_one):
     layers = sum(1 for m in model.module.modules() if list(m.parameters(recurse=False)))
     assert 0 < explained.graph_break_count <= layers + 2
     model.close()
+
+
+def test_errors_name_what_the_user_called(world_of_one):
+    """Through DistributedDataParallel, an error names it, not gradsched.wrap (which it calls)."""
+    with pytest.raises(GradschedError, match="^gradsched.DistributedDataParallel: the model has no trainable"):
+        gradsched.DistributedDataParallel(nn.Module())
+    with pytest.raises(GradschedError, match="^gradsched.wrap: the model has no trainable"):
+        gradsched.wrap(nn.Linear(2, 2).requires_grad_(False), torch.optim.SGD([torch.zeros(1, requires_grad=True)]))
+
+
+def test_forward_sync_buffers_as_ddp(world_of_one):
+    model = gradsched.DistributedDataParallel(net(), forward_sync_buffers=False)
+    assert model.forward_sync_buffers is False and model.broadcast_buffers is False
+    model.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gradsched.DistributedDataParallel(net(), broadcast_buffers=True).close()
+        gradsched.DistributedDataParallel(net()).close()
+    deprecated = [w for w in caught if issubclass(w.category, FutureWarning) and "broadcast_buffers" in str(w.message)]
+    ddp_deprecates = "forward_sync_buffers" in __import__("inspect").signature(
+        torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    assert len(deprecated) == (1 if ddp_deprecates else 0)  # as the installed DDP: only when passed
+
+
+def test_a_wrapped_module_again_takes_over_and_pickles(world_of_one, tmp_path):
+    """DDP lets a module be wrapped again, and pickles its wrapper: so does gradsched."""
+    module = net()
+    first = gradsched.DistributedDataParallel(module)
+    second = gradsched.DistributedDataParallel(module)
+    with pytest.raises(GradschedError, match="wrapped again since"):
+        first.no_sync().__enter__()
+    reference = net()
+    for model in (second, reference):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for batch in batches(3):
+            optimizer.zero_grad()
+            loss_of(model, batch).backward()
+            optimizer.step()
+    torch.save(second, tmp_path / "wrapper.pt")
+    loaded = torch.load(tmp_path / "wrapper.pt", weights_only=False)
+    assert type(loaded) is gradsched.DistributedDataParallel and loaded.module is not second.module
+    for ours, theirs in zip(loaded.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    x = batches(1)[0][0]
+    torch.testing.assert_close(loaded(x), reference(x), rtol=0, atol=0)
+    loaded.close()
+    second.close()
+    first.close()  # closed already by the take-over: nothing to do
+
+
+def test_a_model_under_wrap_pickles_with_inert_hooks(world_of_one, tmp_path):
+    """gradsched's hooks on the model save as no-ops: torch.save(model) works under wrap too
+    (after synchronize(), which applies the pending updates: pickling reads parameters)."""
+    model = net()
+    model, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss_of(model, batches(1)[0]).backward()
+    optimizer.step()
+    optimizer.synchronize()
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    x = batches(1)[0][0]
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    optimizer.close()
