@@ -235,8 +235,8 @@ class _Binder:
         coordinator.on_close.append(self._release)
 
     def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
-        """The step pre-hook: schedule this step, and let the optimizer's own ``step()``
-        run on none of the model's parameters (it still runs any closure, returning its loss)."""
+        """The step pre-hook: schedule this step, and let the optimizer's own ``step()`` run on
+        none of the parameters gradsched schedules (it still runs any closure, returning its loss)."""
         co = self.coordinator
         if co.closed or co.updates.applying:
             return None
@@ -257,7 +257,7 @@ class _Binder:
             co.synchronize()
         if closure is not None:
             kwargs["closure"] = lambda: loss
-        return (_stepping_nothing(optimizer, co.index),), kwargs
+        return (_stepping_unscheduled(optimizer, co.index),), kwargs
 
     def _bind(self, optimizer: torch.optim.Optimizer) -> None:
         check_optimizer(optimizer)
@@ -285,7 +285,7 @@ class _Binder:
                 handle.remove()
 
 
-def _stepping_nothing(optimizer: torch.optim.Optimizer, scheduled: dict[int, int]) -> torch.optim.Optimizer:
+def _stepping_unscheduled(optimizer: torch.optim.Optimizer, scheduled: dict[int, int]) -> torch.optim.Optimizer:
     """A shallow copy of ``optimizer`` whose groups hold none of the ``scheduled`` parameters
     (gradsched updates those itself): its class's ``step()`` runs (closure included) on the
     others only, such as empty parameters, whose gradients are not communicated."""
