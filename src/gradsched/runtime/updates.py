@@ -72,10 +72,6 @@ class DeferredUpdates:
             self.trace.span("wait", what, started, time.perf_counter())
         self.apply(sorted({i for i in [*self.update, *self.zero] if not self.exchange.in_flight(i)}))
 
-    def flush(self, i: int) -> None:
-        if self.pending(i):
-            self.wait_and_apply([i], f"parameter {self.names[i]!r}")
-
     def apply(self, indices: Sequence[int]) -> None:
         """Apply the pending updates of ``indices`` (grouped by snapshot), then their zeroing."""
         self.handover.settle(indices)
