@@ -83,6 +83,57 @@ def test_import_directions():
     assert violations(project_modules()) == []
 
 
+def circles(modules: dict[str, tuple[str, bool]]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a circle (every import
+    counts, those under ``if TYPE_CHECKING:`` too; importing a module's own package does not,
+    as Python loads a package before its modules anyway)."""
+    graph = {m: sorted(n for n in imports(m, src, pkg) if n in modules and n != m and not m.startswith(n + "."))
+             for m, (src, pkg) in modules.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    assert circles(project_modules()) == []
+
+
+def test_the_circle_checker_catches_circles():
+    modules = {
+        "gradsched.runtime.comm.exchange": ("from .launcher import Launcher", False),
+        "gradsched.runtime.comm.launcher": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            "    from .exchange import Exchange", False),
+        "gradsched.runtime.comm": ("", True),
+        "gradsched.runtime.comm.board": ("from . import launcher", False),
+    }
+    assert circles(modules) == [["gradsched.runtime.comm.exchange", "gradsched.runtime.comm.launcher"]]
+
+
 @pytest.mark.parametrize("module,source", [
     ("gradsched.core.engine", "import time"),
     ("gradsched.core.engine", "def f():\n    import threading"),
@@ -90,9 +141,9 @@ def test_import_directions():
     ("gradsched.core.task", "from ..sim import simulate"),
     ("gradsched.core.policies.fifo", "from ...runtime import wrap"),
     ("gradsched.control.arms", "from ..tune import Tuner"),
-    ("gradsched.sim.simulator", "from gradsched.runtime.exchange import Exchange"),
-    ("gradsched.runtime.exchange", "from ..sim.plan_maker import make_plan"),
-    ("gradsched.runtime.ps", "from .. import sim"),
+    ("gradsched.sim.simulator", "from gradsched.runtime.comm.exchange import Exchange"),
+    ("gradsched.runtime.comm.exchange", "from ...sim.plan_maker import make_plan"),
+    ("gradsched.runtime.comm.ps", "from ... import sim"),
 ])
 def test_the_checker_catches_violations(module, source):
     assert violations({module: (source, False)}), f"{module}: {source!r} was not caught"
@@ -119,8 +170,9 @@ def test_modules_stay_small():
         assert lines <= 500, f"{path.relative_to(SRC)} has {lines} lines: split it"
 
 
-def test_runtime_functions_stay_short():
-    for path in (SRC / "gradsched" / "runtime").rglob("*.py"):
+@pytest.mark.parametrize("package", ["runtime", "bench"])
+def test_functions_stay_short(package):
+    for path in (SRC / "gradsched" / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1

@@ -18,7 +18,7 @@ from helpers import ELASTIC_EXAMPLE, moved_by_elastic_example
 
 from gradsched.bench import EmulatedCluster
 from gradsched.bench.netns import PREFIX
-from gradsched.bench.runner import torchrun_host
+from gradsched.bench.processes import torchrun_host
 from netns_helpers import needs_netns
 
 EXAMPLE = ELASTIC_EXAMPLE

@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from gradsched.runtime.compression import ddp_hook
+from gradsched.runtime.comm.compression import ddp_hook
 from launch import finish_with_report
 from train_compare import SMALL, Net, batches, make_optimizer, train
 

@@ -29,7 +29,7 @@ ps = {"architecture": "ps", "servers": servers} if servers else {}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
 if rank == victim and rank >= dist.get_world_size() - servers:
-    from gradsched.runtime import server as ps_server
+    from gradsched.runtime.comm import server as ps_server
 
     serve_round = ps_server.Server._post_receives
 

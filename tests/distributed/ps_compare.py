@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gradsched.runtime.compression import WIRE, ddp_hook
+from gradsched.runtime.comm.compression import WIRE, ddp_hook
 from launch import finish
 from train_compare import against, batches, make_optimizer, seeded_reference, train, wrapped
 

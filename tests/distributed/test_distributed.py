@@ -73,6 +73,20 @@ def test_three_ranks_with_random_backward_delays(tmp_path):
         assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
 
 
+def test_the_cuda_paths_completion_thread_trains_as_ddp(tmp_path):
+    """Messages finished in launch order by the completion thread (the structure of the CUDA
+    path, gradsched.runtime.comm.completion), here on gloo with CPU tensors and random backward
+    delays: every policy still equals DDP."""
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("train_compare.py", 2, str(out), "--delays", "--optimizers", "adamw-groups",
+                          timeout=240, env={"GRADSCHED_ORDERED_COMPLETION": "1"}))
+    ranks = load(out)["ranks"]
+    assert sorted(ranks[0]) == sorted(f"{p}/adamw-groups" for p in ALL_POLICIES)
+    for case, result in ranks[0].items():
+        assert result["max_abs_diff"] <= TOLERANCE and result["moved"] > 1e-2, case
+        assert result["completion_thread"], case  # the path under test, not the CPU one
+
+
 def test_collective_order_is_identical_under_torch_debug_detail(tmp_path):
     """TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's kind and shapes across ranks
     before it runs. (DDP itself crashes under DETAIL in this torch build, so ranks are

@@ -43,7 +43,7 @@ def test_the_fallbacks_buckets_are_ddps_counted_in_wire_bytes(world_of_one, comp
 
 
 def test_wire_copies_are_reused_from_round_to_round():
-    from gradsched.runtime.compression import WireBuffers
+    from gradsched.runtime.comm.compression import WireBuffers
 
     wire = WireBuffers(torch.bfloat16)
     flat, half = torch.randn(10), torch.randn(4).to(torch.bfloat16)
@@ -76,3 +76,30 @@ def test_the_probe_measures_the_wire_dtype_and_the_casts(world_of_one, monkeypat
     assert plain.cast_s_per_byte == 0.0 and plain.seconds_per_byte > 0
     assert compressed.cast_s_per_byte > 0 and compressed.seconds_per_byte > 0
     assert 0 < cast_cost(wire, elements=1 << 19, repeats=3) < 1e-6  # well under a microsecond per byte on any CPU
+
+
+def test_the_wrap_time_probe_runs_on_the_parameters_device(world_of_one, monkeypatch):
+    """The probe all-reduces on the device the gradients live on, whatever the backend is called
+    and whichever device is current: a script that moves its model with ``model.to(local_rank)``
+    and never calls ``torch.cuda.set_device`` must not probe (and initialise NCCL) on GPU 0. Here
+    the backend is named "nccl" and asking for the current CUDA device fails: the probe must
+    still run, on the parameters' device (the CPU, with gloo underneath)."""
+    from gradsched.runtime.comm import compression
+
+    probed = []
+    real_all_reduce = compression.dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        probed.append((tensor.device, tensor.dtype))
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def no_current_device():
+        raise AssertionError("the probe asked for the current CUDA device instead of the parameters' device")
+
+    monkeypatch.setattr(compression.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(compression.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.cuda, "current_device", no_current_device)
+    model = nn.Linear(4, 4)
+    _, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), compression="bf16")
+    optimizer.close()
+    assert (torch.device("cpu"), torch.bfloat16) in probed

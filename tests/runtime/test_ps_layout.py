@@ -8,7 +8,7 @@ import torch
 
 from gradsched.core import TensorSpec, policy_config
 from gradsched.runtime import GradschedError
-from gradsched.runtime.ps import buffer_layout, chunks, message_tag
+from gradsched.runtime.comm.ps import buffer_layout, chunks, message_tag
 from gradsched.runtime.topology import roles
 from gradsched.sim import default_ready_times, make_plan
 

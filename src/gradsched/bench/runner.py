@@ -14,12 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -31,7 +26,8 @@ from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
 from .netns import EmulatedCluster, available
-from .protocol import COMM_ONLY, COMPUTE_ONLY, MARK, SERVERS_ONLY
+from .processes import Processes, free_port, read_result, starts
+from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY
 from .workloads import workload
 
 BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16")  # the last two: DDP with a compression hook
@@ -106,7 +102,6 @@ class BenchConfig:
             raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
         workload(self.model, self.batch, self.device)  # raises for an unknown model
 
-
     @property
     def ranks(self) -> int:
         return self.workers + self.servers
@@ -171,26 +166,9 @@ class Setting:
         return max(self.compute_s, self.comm_s)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun_host(nnodes: int, node_rank: int, nproc: int, endpoint: str, address: str, rdzv_id: str) -> list[str]:
-    """One host's torchrun command line, to which the script and its arguments are appended.
-    A host states its own address (``--local-addr``: a namespace shares the machine's
-    hostname) and host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts"
-    tells users to."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
-            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}", "--local-addr", address]
-
-
-def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
-            runs: Sequence[str] | None = None, iters: int | None = None) -> dict:
-    """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
-    payload = json.dumps({
+def _payload(config: BenchConfig, runs: Sequence[str] | None, iters: int | None) -> str:
+    """What every rank is told to run (the worker's one argument)."""
+    return json.dumps({
         "model": config.model, "batch": config.batch, "device": config.device, "iters": iters or config.iters,
         "warmup": config.warmup, "policies": config.runs if runs is None else list(runs), "trace_dir": config.trace_dir,
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
@@ -198,83 +176,40 @@ def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Call
         "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
         "clip": config.clip, "compression": config.compression,
     })
-    port = _free_port() if cluster is None else 29500 + os.getpid() % 1000
+
+
+def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
+            runs: Sequence[str] | None = None, iters: int | None = None) -> dict:
+    """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
+    port = free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
-    procs: list[subprocess.Popen] = []
-    logs = []
-    expired = threading.Event()
-    torchrun = config.launcher == "torchrun"
-
-    def kill_all() -> None:
-        expired.set()
-        for proc in procs:
-            if proc.poll() is None:  # torchrun stops its workers on SIGTERM (they run in sessions of their own)
-                os.killpg(proc.pid, signal.SIGTERM if torchrun else signal.SIGKILL)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        if cluster is not None:
-            cluster.kill_processes()  # anything left in the namespaces
-
-    watchdog = threading.Timer(config.timeout_s, kill_all)
+    processes = Processes(cluster, config.launcher == "torchrun")
+    watchdog = threading.Timer(config.timeout_s, processes.kill_all)
     watchdog.daemon = True
     reading, writing = os.pipe()  # rank 0's stdout: progress and the result
     try:
-        worker = ["-m", "gradsched.bench.worker", payload]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        if cluster is not None:
-            env["GLOO_SOCKET_IFNAME"] = cluster.interface
-        if torchrun:  # as users launch across hosts: one torchrun per host; rank 0 is on any of them
-            starts = [(host, torchrun_host(config.hosts, host, config.procs_per_node, f"{master}:{port}",
-                                           "127.0.0.1" if cluster is None else cluster.addresses[host],
-                                           f"bench{os.getpid()}") + worker, env, writing)
-                      for host in range(config.hosts)]
-        else:
-            starts = [(rank // config.procs_per_node, [sys.executable, *worker],
-                       dict(env, RANK=str(rank), WORLD_SIZE=str(config.ranks), LOCAL_RANK=str(rank),
-                            MASTER_ADDR=master, MASTER_PORT=str(port)),
-                       writing if rank == 0 else subprocess.DEVNULL) for rank in range(config.ranks)]
-        for host, argv, penv, stdout in starts:
-            if cluster is not None:
-                argv = cluster.command(host, argv)
-            log = tempfile.TemporaryFile(mode="w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(argv, env=penv, stdout=stdout, stderr=log, text=True,
-                                          start_new_session=True))
+        worker = ["-m", "gradsched.bench.worker", _payload(config, runs, iters)]
+        for start in starts(config.launcher == "torchrun", config.hosts, config.procs_per_node, cluster, worker, master,
+                            port, writing):
+            processes.start(*start)
         os.close(writing)
         writing = None
         watchdog.start()
-        result = None
-        for line in os.fdopen(reading, closefd=False):
-            if line.startswith(MARK):
-                message = json.loads(line[len(MARK):])
-                if message["kind"] == "progress":
-                    progress(message)
-                else:
-                    result = message
-        for proc in procs:
+        result = read_result(reading, progress)
+        for proc in processes.procs:
             proc.wait()
-        if expired.is_set():
+        if processes.expired.is_set():
             raise TimeoutError(f"the benchmark ranks did not finish within {config.timeout_s:.0f} s (--timeout)")
-        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-        if failed or result is None:
-            log = logs[failed[0] if failed else 0]
-            log.seek(0)
-            tail = log.read()[-6000:]
-            raise RuntimeError(f"benchmark {'host' if torchrun else 'rank'} {failed[0] if failed else 0} failed:\n{tail}")
+        failure = processes.failure(result)
+        if failure is not None:
+            raise RuntimeError(failure)
         return result
     finally:
         watchdog.cancel()
-        kill_all()
+        processes.close()
         os.close(reading)
         if writing is not None:
             os.close(writing)
-        for proc in procs:
-            proc.wait()
-        for log in logs:
-            log.close()
 
 
 def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:

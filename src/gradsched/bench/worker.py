@@ -26,10 +26,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradsched
 import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 from gradsched.core.policies.fifo import assign_buckets
-from gradsched.runtime.compression import ddp_hook, wire_dtype
-from gradsched.runtime.plans import tensor_specs
+from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
+from gradsched.runtime.comm.plans import tensor_specs
 from gradsched.runtime.probe import cast_cost, probe_link
-from gradsched.runtime.ps import chunks
+from gradsched.runtime.comm.ps import chunks
 
 from .host import HostCpu
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY

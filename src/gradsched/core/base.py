@@ -15,12 +15,37 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol
 
 from .task import CommTask, Message, TensorSpec
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import Scheduler
+from .estimator import LinkEstimator
+
+
+class Scheduler(Protocol):
+    """What the policy axes see of the engine (:class:`gradsched.core.engine.Scheduler`)."""
+
+    tensors: dict[str, TensorSpec]
+    leaves: dict[str, list[CommTask]]
+    estimator: LinkEstimator
+    iteration: int
+    in_flight_bytes: int
+    unsent_bytes: int
+
+    @property
+    def in_flight_count(self) -> int: ...
+
+    @property
+    def unsent_count(self) -> int: ...
+
+    @property
+    def backward_done(self) -> bool: ...
+
+    def peek(self) -> CommTask | None: ...
+
+    def pop(self) -> CommTask: ...
+
+    def requeue(self, tasks: list[CommTask]) -> None: ...
 
 
 class Partitioner(ABC):

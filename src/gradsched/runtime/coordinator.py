@@ -24,23 +24,24 @@ from torch import nn
 from ..core.base import PolicyConfig
 from ..files import problem_writing
 from .broadcast import broadcast_flat
-from .compression import wire_dtype
+from .comm.compression import wire_dtype
 from .config import RuntimeConfig
 from .errors import GradschedError, entry
-from .exchange import Exchange
+from .comm.exchange import Exchange
 from .hooks import Hook
 from .inflight import Handover, plain
 from .join import Iteration, UnevenInputs
 from .peer_status import PeerStatus, Status
 from .planning import Planner, initial_plan
-from .plans import PlanVersions, tensor_specs
+from .comm.plans import PlanVersions, tensor_specs
+from .clock import Clock
 from .profiling import RoundTiming
-from .ps import PushPull
+from .rounds import Round
 from .stats import RunStats
 from .topology import Topology
 from .tracing import RunTrace
 from .unused import UnusedParameters, agree_unused
-from .transport import AllReduce, Transport
+from .comm.transports import make_transport
 from .updates import DeferredUpdates, clear_grad
 
 
@@ -67,34 +68,30 @@ class Coordinator:
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.tensors = tensor_specs(self.names, self.params, wire_dtype(config.compression))
         self.trace = RunTrace(self.rank) if config.trace else None
+        self.clock = Clock(next((p.device for p in self.params if p.is_cuda), None))
         versions = PlanVersions(initial_plan(self.tensors, policy, config.architecture))
-        self.exchange = Exchange(self.tensors, self.params, versions, self._transport(versions), config.timeout,
+        transport = make_transport(topology, self.names, self.params, versions, config.compression)
+        self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
                                  self.trace.on_exchange if self.trace else None)
         self._handles: list[Any] = []
         self._closed = False
-        self.round = 0
-        self._round_open = False  # a backward pass handed gradients over and was not closed yet
-        self._new_round = True  # the next gradient starts a new round
+        self.current = Round()
         self._no_sync = 0
         self.handover = Handover(self.params, self.exchange)
         self.updates = DeferredUpdates(optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
-        self._timing = RoundTiming()  # of the latest forward pass and the backward pass after it
         self._globally_unused: set[int] = set()
-        self._ran: set[int] = set()  # modules whose forward ran since the root's
-        self._forward_ran = False  # a forward pass ran since the last round closed
         self._owners: dict[int, list[nn.Module]] = {}  # parameter -> modules owning it directly
         self._adopted: set[int] = set()  # parameters waited for by an ancestor of their owner
         self._tracing_module: tuple[str, float] | None = None
         self._broken = False
         self.uneven = UnevenInputs(self)  # join(): ranks with fewer batches shadow the others
         self._active_at = time.monotonic()  # the latest forward pass began (or the wrap)
-        self._grad_scale: float | None = None  # applied to this round's reduced gradients (join)
         self.on_close: list[Callable[[], None]] = []
         self.replaced = False  # closed because a later wrap of the same model took over
         self.entry = entry()  # what the user called, for errors raised later
         self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
-            self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.group("control"))
+            self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.control)
             self.exchange.explain = self.peers.explain
             self._attach()
         except BaseException:
@@ -106,17 +103,24 @@ class Coordinator:
         return self._closed
 
     @property
+    def round(self) -> int:
+        """The latest round begun (backward pass that communicates), numbered from 1."""
+        return self.current.index
+
+    # -- what join needs (gradsched.runtime.join.Joining) -----------------------------------
+    @property
+    def control_group(self):
+        return self.topology.control
+
+    def control_point(self, round_index: int) -> None:
+        self.planner.control_point(round_index)
+
+    def explain(self) -> str:
+        return self.peers.explain()
+
+    @property
     def policy_name(self) -> str:
         return self.policy.name
-
-    def _transport(self, versions: PlanVersions) -> Transport:
-        topology = self.topology
-        if not topology.servers:
-            return AllReduce(topology.group("data"), wire_dtype(self.config.compression))
-        wire = wire_dtype(self.config.compression)
-        dtype_of = {n: wire or p.dtype for n, p in zip(self.names, self.params)}
-        return PushPull(topology.group("data"), topology.group("plans"), self.rank, topology.servers,
-                        topology.num_workers, dtype_of, versions, wire)
 
     # -- hooks ----------------------------------------------------------------------------
     def _attach(self) -> None:
@@ -141,8 +145,8 @@ class Coordinator:
                     ancestor = self._parent[ancestor]
         owners = {self._module_name[m]: [self.names[i] for i in idx] for m, idx in self._waits.items()}
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
-                               self.topology.group("control"), self.rank, self.world_size,
-                               self.topology.group("buffers"),
+                               self.topology.control, self.rank, self.world_size,
+                               self.topology.data, self.clock,
                                settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"))
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
@@ -162,7 +166,7 @@ class Coordinator:
                 self.unused.local_gradient(i)
             return
         now = time.perf_counter()
-        if self._new_round:
+        if self.current.next_begins:
             self._start_round(now)
             if self.unused is not None:
                 self.unused.begin()  # which parameters will this backward pass reach?
@@ -172,21 +176,19 @@ class Coordinator:
             self._settle_unused()  # the last gradient this backward pass gives the model
 
     def _hand_over_grad(self, i: int, grad: torch.Tensor, now: float) -> None:
+        now = self.clock.stamp(self.current.timing, ("ready", self.names[i]))
         if self.exchange.ready_round[i] == self.round:
             raise GradschedError(
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use no_sync() for backward passes that should not communicate"
             )
-        self._timing.ready[self.names[i]] = now
+        self.current.timing.ready[self.names[i]] = now
         if self.trace:
-            self.trace.ready(self.round, self.names[i], now, backward_from=self._timing.forward_end)
-        self.handover.receive(i, grad, self._homes.get(i), self.round, self._grad_scale)
+            self.trace.ready(self.round, self.names[i], now, backward_from=self.current.timing.forward_end)
+        self.handover.receive(i, grad, self.current.homes.get(i), self.round, self.current.grad_scale)
 
     def _start_round(self, now: float) -> None:
-        self.round += 1
-        self._new_round = False
-        self._round_open = True
-        self._homes = self.exchange.homes(self.round)
+        self.current.begin(self.exchange.homes(self.round + 1))
 
     def _before_root(self, module: nn.Module, args: Any) -> None:
         if self._closed:
@@ -200,20 +202,21 @@ class Coordinator:
             if unclaimed:
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self._active_at = time.monotonic()
-        self._forward_ran = True
-        self._new_round = True
+        self.current.forward_ran = True
+        self.current.next_begins = True
         source = 0
-        self._grad_scale = None
+        self.current.grad_scale = None
         training = torch.is_grad_enabled() and not self._no_sync  # DDP's condition for syncing buffers
         if training and not self.uneven.enabled:  # a round no step() followed (no optimizer; two backward
             self.planner.control_point(self.round)  # passes per step); inside join(): in announce()
         if self.uneven.enabled:
             iteration = self.uneven.announce(self.round, training)
-            source, self._grad_scale = iteration.source, self.uneven.grad_scale(iteration)
+            source, self.current.grad_scale = iteration.source, self.uneven.grad_scale(iteration)
         if self.config.broadcast_buffers and self.world_size > 1 and training:
             self.broadcast_buffers(source)
-        self._ran.clear()
-        self._timing = RoundTiming(forward_start=time.perf_counter())
+        self.current.ran.clear()
+        self.current.timing = timing = RoundTiming()
+        timing.forward_start = self.clock.stamp(timing, "forward_start")
 
     def shadow(self, iteration: Iteration) -> None:
         """On a rank that has joined: take part in one iteration of the ranks still training
@@ -225,11 +228,11 @@ class Coordinator:
         self._start_round(time.perf_counter())
         everything = range(len(self.params))
         for i in everything:
-            home = self._homes.get(i)
+            home = self.current.homes.get(i)
             self.exchange.mark_ready(i, home.zero_() if home is not None else torch.zeros_like(self.params[i]),
                                      self.round)
-        self._round_open = False
-        self._new_round = True
+        self.current.open = False
+        self.current.next_begins = True
         if self.unused is not None:
             # counted as using every parameter, as DDP's joined ranks are: while a rank has
             # joined, a parameter the others all left unused gets a zero gradient, not none
@@ -237,9 +240,9 @@ class Coordinator:
         self.exchange.wait_reduced(everything, "zero gradients shadowing the ranks still training (join)")
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._timing.forward_end = time.perf_counter()
+        self.current.timing.forward_end = self.clock.stamp(self.current.timing, "forward_end")
         if self.trace:
-            self._trace_forward(self._timing.forward_end)
+            self._trace_forward(self.current.timing.forward_end)
 
     def _trace_forward(self, now: float) -> None:
         """Close the forward span of the module that ran last."""
@@ -251,19 +254,19 @@ class Coordinator:
     def _before_module(self, module: nn.Module, args: Any) -> None:
         if self._closed:
             return
-        self._ran.add(id(module))
+        self.current.ran.add(id(module))
         idx = self._waits.get(module)
         if not idx:
             return
         name = self._module_name[module]
-        first = name not in self._timing.module_starts
+        first = name not in self.current.timing.module_starts
         entered = time.perf_counter()
         if first:
-            self._timing.module_starts[name] = entered
+            self.current.timing.module_starts[name] = self.clock.stamp(self.current.timing, ("module", name))
         if any(self.updates.pending(i) for i in idx):
             self.updates.wait_and_apply(idx, f"module {name}")
             if first:
-                self._timing.module_waits[name] = time.perf_counter() - entered
+                self.current.timing.module_waits[name] = time.perf_counter() - entered
         if self.trace:
             now = time.perf_counter()
             self._trace_forward(entered)
@@ -273,10 +276,10 @@ class Coordinator:
     def _close_round(self) -> None:
         """The backward pass of the open round is over: every trainable parameter must have
         handed over a gradient (or be marked unused) so the plan can complete."""
-        if not self._round_open:
+        if not self.current.open:
             return
-        self._round_open = False
-        self.planner.record(self._timing, self.round)
+        self.current.open = False
+        self.planner.record(self.current.timing, self.round)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
         if missing and self.unused is None:
             names = [self.names[i] for i in missing[:5]]
@@ -297,7 +300,7 @@ class Coordinator:
             p = self.params[i]
             if self.exchange.in_flight(i) or self.updates.pending(i):  # its previous round first
                 self.updates.wait_and_apply([i], f"parameter {self.names[i]!r}")
-            home = self._homes.get(i)
+            home = self.current.homes.get(i)
             held = plain(p.grad)
             if i in self._globally_unused:  # used nowhere: .grad stays as it is
                 if home is not None and held is home:  # .grad lives where the message reduces: restored after
@@ -312,27 +315,27 @@ class Coordinator:
                     contribution = home if held is home else home.copy_(held)
                 else:
                     contribution = held.detach().contiguous()
-            self.handover.hand_over(i, contribution, self.round, self._grad_scale)
+            self.handover.hand_over(i, contribution, self.round, self.current.grad_scale)
 
     def _agree_unused(self, missing: list[int]) -> set[int]:
-        return agree_unused(missing, len(self.params), self.topology.group("control") if self.world_size > 1
+        return agree_unused(missing, len(self.params), self.topology.control if self.world_size > 1
                             else None, self.peers.explain)
 
     def _detect_orphans(self) -> None:
         """A parameter got a gradient though no module owning it ran (it sits in a container
         like ParameterList, or is used by another module): the nearest ancestor of its owner
         that did run waits for it from now on (the root, at worst)."""
-        if not self._forward_ran:
+        if not self.current.forward_ran:
             return
-        self._forward_ran = False
+        self.current.forward_ran = False
         for i in range(len(self.params)):
             if i in self._adopted or self.exchange.ready_round[i] != self.round:
                 continue
             owners = self._owners[i]
-            if any(id(m) in self._ran for m in owners):
+            if any(id(m) in self.current.ran for m in owners):
                 continue
             adopter = owners[0]
-            while adopter is not self.model and id(adopter) not in self._ran:
+            while adopter is not self.model and id(adopter) not in self.current.ran:
                 adopter = self._parent[adopter]
             self._adopted.add(i)
             self._waits.setdefault(adopter, []).append(i)
@@ -429,7 +432,7 @@ class Coordinator:
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
-        broadcast_flat([b for b in self.model.buffers() if b is not None], source, self.topology.group("buffers"),
+        broadcast_flat([b for b in self.model.buffers() if b is not None], source, self.topology.buffers,
                        "broadcasting buffers", self.peers.explain)
 
     def broadcast_model(self, source: int) -> None:
@@ -437,13 +440,13 @@ class Coordinator:
         tensors = list(self.model.parameters())
         if self.config.broadcast_buffers:
             tensors += [b for b in self.model.buffers() if b is not None]
-        broadcast_flat(tensors, source, self.topology.group("buffers"),
+        broadcast_flat(tensors, source, self.topology.buffers,
                        f"copying rank {source}'s parameters to every rank (join)", self.peers.explain)
 
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""
         state = "closed" if self._closed else "joined" if self.uneven.joined else "training"
-        heading = 1 if self._new_round and self._forward_ran and state == "training" else 0  # forward began
+        heading = 1 if self.current.next_begins and self.current.forward_ran and state == "training" else 0  # forward began
         return Status(self.round + heading, state, time.monotonic() - self._active_at)
 
     def idle(self) -> bool:

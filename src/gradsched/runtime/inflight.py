@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils._pytree import tree_map
 
-from .exchange import Exchange
+from .comm.exchange import Exchange
 
 
 class InFlightGrad(torch.Tensor):
@@ -98,8 +98,7 @@ class Handover:
 
     def wait(self, indices: Sequence[int], what: str) -> None:
         """Block until these gradients are reduced, then settle them."""
-        self.exchange.wait_reduced(indices, what)
-        self.exchange.order_after_reduction(indices)
+        self.exchange.wait_reduced(indices, what)  # complete, also on the device (gradsched.runtime.comm.board)
         self.settle(indices)
 
     def settle(self, indices: Sequence[int]) -> None:

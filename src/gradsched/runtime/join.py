@@ -37,16 +37,13 @@ iteration is announced (or, on a rank that has joined, before it shadows the nex
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from .errors import GradschedError, failing_rank
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .coordinator import Coordinator
 
 
 class Iteration(NamedTuple):
@@ -57,10 +54,37 @@ class Iteration(NamedTuple):
     communicates: bool  # the backward pass after this forward pass communicates
 
 
+class Joining(Protocol):
+    """What join needs of the coordinator of a wrapped model."""
+
+    round: int  # the latest round (backward pass that communicated)
+    rank: int
+    world_size: int  # the workers
+
+    @property
+    def control_group(self) -> Any:
+        """The gloo group of the workers, for agreements."""
+
+    def control_point(self, round_index: int) -> None:
+        """Hold the control point after round ``round_index`` (every rank, at the same point)."""
+
+    def synchronize(self) -> None:
+        """Finish every reduction and update in flight."""
+
+    def shadow(self, iteration: Iteration) -> None:
+        """Take part in one iteration of the ranks still training, with zero gradients."""
+
+    def broadcast_model(self, source: int) -> None:
+        """Copy rank ``source``'s parameters (and synced buffers) to every worker."""
+
+    def explain(self) -> str:
+        """What the other ranks' progress says, for an error."""
+
+
 class UnevenInputs(Joinable):
     """The :class:`~torch.distributed.algorithms.Joinable` of one coordinator."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Joining) -> None:
         super().__init__()
         self._coordinator = weakref.ref(coordinator)  # which holds this: no cycle to outlive close()
         self.divide_by_initial_world_size = True
@@ -68,7 +92,7 @@ class UnevenInputs(Joinable):
         self.announced: tuple[int, bool] | None = None  # (round, communicates) of the latest forward pass
 
     @property
-    def coordinator(self) -> Coordinator:
+    def coordinator(self) -> Joining:
         coordinator = self._coordinator()
         if coordinator is None:
             raise GradschedError("gradsched join: the wrapped model is gone")
@@ -91,7 +115,7 @@ class UnevenInputs(Joinable):
 
     @property
     def join_process_group(self) -> Any:
-        return self.coordinator.topology.group("control")
+        return self.coordinator.control_group
 
     # -- a rank still training --------------------------------------------------------------
     @property
@@ -110,7 +134,7 @@ class UnevenInputs(Joinable):
             )
         work = Join.notify_join_context(self)  # raises if throw_on_early_termination and a rank joined
         co = self.coordinator
-        co.planner.control_point(round_index)  # inside the context, here: where the joined ranks hold theirs
+        co.control_point(round_index)  # inside the context, here: where the joined ranks hold theirs
         iteration = self.agree(communicates)
         if work is not None:
             work.wait()
@@ -135,7 +159,7 @@ class UnevenInputs(Joinable):
         if communicates is not None:
             state[co.rank] = 1.0
             state[workers] = float(communicates)
-        with failing_rank("agreeing on the ranks still training (join)", co.peers.explain):
+        with failing_rank("agreeing on the ranks still training (join)", co.explain):
             dist.all_reduce(state, group=self.join_process_group)
         training = [r for r in range(workers) if state[r] > 0]
         talking = round(state[workers].item())
@@ -163,7 +187,7 @@ class _Shadow(JoinHook):
         """One iteration of the ranks still training, shadowed by a rank that has joined."""
         uneven = self.uneven
         co = uneven.coordinator
-        co.planner.control_point(co.round)  # of the latest round: where the ranks training hold theirs
+        co.control_point(co.round)  # of the latest round: where the ranks training hold theirs
         if not uneven.joined:
             co.synchronize()  # this rank's own last updates
             uneven.joined = True
@@ -175,7 +199,7 @@ class _Shadow(JoinHook):
         try:
             co.synchronize()
             source = torch.tensor([co.rank if is_last_joiner else -1], dtype=torch.float64)
-            with failing_rank("finding the last rank to join (join)", co.peers.explain):
+            with failing_rank("finding the last rank to join (join)", co.explain):
                 dist.all_reduce(source, op=dist.ReduceOp.MAX, group=self.uneven.join_process_group)
             co.broadcast_model(int(source.item()))
         finally:

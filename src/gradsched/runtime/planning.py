@@ -21,6 +21,7 @@ per cent of model error is enough to pick the wrong side where the two are close
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 import logging
 from typing import Callable, Sequence
 
@@ -37,11 +38,12 @@ from ..core.task import TensorSpec
 from ..models.table import ModelTable
 from ..sim import default_ready_times, make_plan
 from ..sim.predict import predict, ring_cluster
-from .compression import wire_dtype
+from .comm.compression import wire_dtype
 from .config import RuntimeConfig
 from .errors import failing_rank
-from .exchange import Exchange
+from .comm.exchange import Exchange
 from .probe import probe_link
+from .clock import Clock
 from .profiling import RoundTiming, measured_table
 from .stats import Prediction
 from . import wire_format
@@ -59,7 +61,8 @@ class Planner:
     def __init__(self, tensors: Sequence[TensorSpec], params: Sequence[torch.Tensor], policy: PolicyConfig,
                  config: RuntimeConfig, owners: dict[str, list[str]], exchange: Exchange,
                  group: dist.ProcessGroup, rank: int, world_size: int,
-                 probe_group: dist.ProcessGroup | None = None, settle: Callable[[], None] | None = None) -> None:
+                 probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
+                 settle: Callable[[], None] | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -69,10 +72,11 @@ class Planner:
         self.owners = owners  # module -> the parameters its forward waits for
         self.exchange = exchange
         self.group = group  # gloo, every worker: plans
-        self.probe_group = probe_group or group  # the link to probe: the data's backend
+        self.probe_group = probe_group or group  # the link to probe: the data group (on the launcher's thread)
         self.rank = rank
         self.world_size = world_size
         self.settle = settle  # waits until no gradient is in flight
+        self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
         compare = world_size > 1 and policy.name != "fifo"
         kinds = arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0) if compare else ()
         self.schedule = ControlSchedule(config.profile_rounds, config.trial_rounds, config.replan_every, len(kinds))
@@ -85,7 +89,7 @@ class Planner:
         self.tuning: TuningReport | None = None  # the online tuner's report, once it finished
         self.switches: list[tuple[int, str]] = []  # (first round, policy) of every plan adopted here
         self._running: tuple[Arm, Plan] | None = None  # rank 0: the arm being measured, and its plan
-        self._starts: dict[int, float] = {}  # round -> start of the forward pass before its backward
+        self._starts: dict[int, RoundTiming] = {}  # round -> its timing (the forward start before its backward)
         self._done: set[int] = set()
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
@@ -114,7 +118,7 @@ class Planner:
 
     def record(self, timing: RoundTiming, round_index: int) -> None:
         self.timings = (self.timings + [timing])[-(self.config.profile_rounds + 1) :]
-        self._starts[round_index] = timing.forward_start
+        self._starts[round_index] = timing
         for old in [r for r in self._starts if r < round_index - 2 * self.config.trial_rounds - 4]:
             del self._starts[old]
 
@@ -129,12 +133,15 @@ class Planner:
         if point is None or round_index in self._done:
             return
         self._done.add(round_index)
+        if point.stage in (Stage.ARM, Stage.DECIDE):
+            self.clock.fence()  # what the arm before queued on the device runs before the next is timed
         first_arm = point == ControlPoint(Stage.ARM, 0)
         if first_arm and self.config.fallback and self.link is None and self.config.architecture == "allreduce":
             if self.settle:
                 self.settle()
             with failing_rank("measuring the link", self.exchange.explain):
-                self.link = probe_link(self.probe_group, self.device, wire=wire_dtype(self.config.compression))
+                self.link = self.exchange.between_rounds(
+                    partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression)))
         proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan", self.exchange.explain):
@@ -174,6 +181,7 @@ class Planner:
 
     def _complete_timings(self) -> list[RoundTiming]:
         """The latest measured rounds (the first one warms up) in which every parameter got a gradient."""
+        self.timings = [self.clock.resolve(t) for t in self.timings]  # device times, on CUDA
         return [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
 
     def measured(self, name: str) -> ModelTable | None:
@@ -245,7 +253,7 @@ class Planner:
         """Tell the experiment the measured iteration times of the arm that just ended."""
         arm, plan = self._running
         first, last = self.schedule.measured_rounds(arm.index)
-        times = [self._starts[r + 1] - self._starts[r] for r in range(first, last + 1)
+        times = [self.clock.between(self._starts[r], self._starts[r + 1]) for r in range(first, last + 1)
                  if r in self._starts and r + 1 in self._starts]
         with torch.enable_grad():
             seconds = self.experiment.tell(arm, times, plan)

@@ -48,7 +48,7 @@ def median_time(action: Callable[[], object], repeats: int, warmup: int = 1,
 def cast_cost(wire: torch.dtype, device: torch.device | None = None, elements: int = 2 << 20,
               repeats: int = 5) -> float:
     """Seconds per wire byte to cast float32 gradients to ``wire`` in memory already mapped,
-    the mean of that cast and the cast back (as :class:`~gradsched.runtime.compression.WireBuffers` casts)."""
+    the mean of that cast and the cast back (as :class:`~gradsched.runtime.comm.compression.WireBuffers` casts)."""
     device = device or torch.device("cpu")
     full = torch.randn(elements, device=device)
     copy = torch.empty(elements, dtype=wire, device=device)

@@ -27,6 +27,7 @@ class RoundTiming:
     module_starts: dict[str, float] = field(default_factory=dict)  # first call of each module
     module_waits: dict[str, float] = field(default_factory=dict)  # time it then spent waiting for updates
     ready: dict[str, float] = field(default_factory=dict)  # gradient name -> time it was ready
+    events: dict = field(default_factory=dict, repr=False)  # CUDA: stamp -> event (gradsched.runtime.clock)
 
 
 def measured_table(

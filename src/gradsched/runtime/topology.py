@@ -2,20 +2,28 @@
 
 With all-reduce every rank is a worker. With parameter servers (``architecture="ps"``) a
 job of ``W + S`` processes has workers on ranks ``0 .. W-1`` and servers on the last ``S``
-ranks (see :mod:`gradsched.runtime.ps`).
+ranks (see :mod:`gradsched.runtime.comm.ps`).
 
 gradsched communicates on process groups of its own, created by every rank in the same
 order, so that nothing it sends can be confused with the user's collectives:
 
-* ``control``: workers (gloo, CPU): plans, unused-parameter agreement, the link probe;
-* ``data``: every rank, the user's backend: gradients (all-reduce, or push and pull);
-* ``buffers``: workers, the user's backend: buffers (BatchNorm statistics);
+* ``control``: workers (gloo, CPU): plans, unused-parameter agreement, join's agreements;
+* ``data``: every rank, the user's backend: gradients (all-reduce, or push and pull), and
+  the link probe;
+* ``buffers``: workers (gloo): buffers (BatchNorm statistics), join's final copy of the model;
 * ``plans`` (ps only): every rank (gloo): plans forwarded to servers, and checks at wrap.
+
+Each group has one thread that issues on it, in an order every rank shares: ``data`` the
+launcher (:mod:`gradsched.runtime.comm.launcher`; at wrap time, before the launcher
+starts, the training thread), the others the training thread (or, inside ``backward()``,
+autograd's thread while the training thread waits for it). So the only communicator of the
+user's backend (NCCL, say) is driven from one thread, and the gloo groups each from one
+thread at a time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -56,13 +64,23 @@ def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
     return list(range(workers)), list(range(workers, world_size))
 
 
+@dataclass(frozen=True)
+class Groups:
+    """gradsched's process groups (see above)."""
+
+    control: dist.ProcessGroup
+    data: dist.ProcessGroup
+    buffers: dist.ProcessGroup
+    plans: dist.ProcessGroup | None = None  # parameter servers only
+
+
 @dataclass
 class Topology:
     rank: int
     world_size: int
     workers: list[int]
     servers: list[int]
-    groups: dict[str, dist.ProcessGroup] = field(repr=False)
+    groups: Groups | None = field(repr=False)  # None once released
 
     @classmethod
     def create(cls, config: RuntimeConfig) -> Topology:
@@ -70,21 +88,37 @@ class Topology:
         rank, world = dist.get_rank(), dist.get_world_size()
         workers, servers = roles(world, config.servers if config.architecture == "ps" else 0)
         wait = timedelta(seconds=config.timeout)
-        if servers:
-            groups = {  # every rank creates every group, in the same order
-                "control": dist.new_group(workers, backend="gloo", timeout=wait),
-                "data": dist.new_group(timeout=wait),
-                "buffers": dist.new_group(workers, timeout=wait),
-                "plans": dist.new_group(backend="gloo", timeout=wait),
-            }
-        else:
-            groups = {
-                "control": dist.new_group(backend="gloo", timeout=wait),
-                "data": dist.new_group(timeout=wait),
-                "buffers": dist.new_group(timeout=wait),
-            }
-        _CREATED.extend(groups.values())
+        members = workers if servers else None  # every rank creates every group, in the same order
+        groups = Groups(
+            control=dist.new_group(members, backend="gloo", timeout=wait),
+            data=dist.new_group(timeout=wait),
+            buffers=dist.new_group(members, backend="gloo", timeout=wait),
+            plans=dist.new_group(backend="gloo", timeout=wait) if servers else None,
+        )
+        _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)
         return cls(rank, world, workers, servers, groups)
+
+    def _group(self, name: str) -> dist.ProcessGroup:
+        group = None if self.groups is None else getattr(self.groups, name)
+        if group is None:
+            raise GradschedError(f"process group {name!r} is not available (released, or not used by this role)")
+        return group
+
+    @property
+    def control(self) -> dist.ProcessGroup:
+        return self._group("control")
+
+    @property
+    def data(self) -> dist.ProcessGroup:
+        return self._group("data")
+
+    @property
+    def buffers(self) -> dist.ProcessGroup:
+        return self._group("buffers")
+
+    @property
+    def plans(self) -> dist.ProcessGroup:
+        return self._group("plans")
 
     @property
     def is_server(self) -> bool:
@@ -97,16 +131,11 @@ class Topology:
     @property
     def everyone(self) -> dist.ProcessGroup:
         """A gloo group of every rank, workers and servers (for checks at wrap time)."""
-        return self.group("plans" if self.servers else "control")
-
-    def group(self, name: str) -> dist.ProcessGroup:
-        if name not in self.groups:
-            raise GradschedError(f"process group {name!r} is not available (released, or not used by this role)")
-        return self.groups[name]
+        return self.plans if self.servers else self.control
 
     def release(self) -> None:
         """Drop the references to the groups. The objects that use them form cycles (hooks
         refer back to them), so otherwise the groups would be freed by the garbage collector
         at some later point, possibly while the interpreter exits, where a backend torn
         down can abort the process."""
-        self.groups = {}
+        self.groups = None

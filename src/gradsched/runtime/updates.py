@@ -7,20 +7,32 @@ as soon as its reduction is known to be complete: at the latest in the forward p
 of the module that uses it. ``zero_grad()`` on a parameter still pending or on the wire
 waits the same way. The update is the wrapped optimizer's own ``step()``, run with each
 group's ``params`` narrowed to the parameters being updated.
+
+AMP's ``GradScaler`` hands a fused optimizer (``fused=True``: it unscales inside its own
+kernel) the scale and the overflow flag as attributes (``grad_scale``, ``found_inf``) for the
+duration of ``step()`` only; the snapshot keeps them, so an update applied later still
+unscales, and still skips a step that overflowed.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from .exchange import Exchange
+from .comm.exchange import Exchange
 from .inflight import Handover
 from .tracing import RunTrace
 
-Snapshot = list[dict[str, Any]]  # hyper-parameters of every group at step() time
+SCALING = ("grad_scale", "found_inf")  # what GradScaler sets on a fused optimizer around its step()
+
+
+class Snapshot(NamedTuple):
+    """What a ``step()`` updates with: every group's hyper-parameters, and AMP's scaling."""
+
+    groups: list[dict[str, Any]]
+    scaling: dict[str, Any]
 
 
 class DeferredUpdates:
@@ -33,7 +45,6 @@ class DeferredUpdates:
         self.handover = handover
         self.trace = trace
         self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
-        self.cuda = any(p.is_cuda for p in self.params)
         self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
         self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
 
@@ -41,7 +52,9 @@ class DeferredUpdates:
         return i in self.update or i in self.zero
 
     def snapshot(self) -> Snapshot:
-        return [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        return Snapshot(groups, {name: getattr(self.optimizer, name) for name in SCALING
+                                 if getattr(self.optimizer, name, None) is not None})
 
     def request_step(self, indices: Sequence[int], snapshot: Snapshot) -> None:
         """Mark ``indices`` for an update with ``snapshot``; apply those already reduced."""
@@ -64,9 +77,7 @@ class DeferredUpdates:
         """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
         started = time.perf_counter()
         indices = list(indices)
-        self.exchange.wait_reduced(indices, what)
-        if self.cuda:  # the CPU has seen the reductions; the GPU must see them before the update
-            self.exchange.order_after_reduction(range(len(self.params)))
+        self.exchange.wait_reduced(indices, what)  # complete, also on the device (gradsched.runtime.comm.board)
         self.handover.settle(indices)
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
@@ -94,10 +105,14 @@ class DeferredUpdates:
             return
         started = time.perf_counter()
         saved = []
-        for group, values in zip(self.optimizer.param_groups, snapshot):
+        for group, values in zip(self.optimizer.param_groups, snapshot.groups):
             saved.append((group["params"], {k: group[k] for k in values}))
             group["params"] = [p for p in group["params"] if id(p) in chosen]
             group.update(values)
+        absent = object()
+        scaling = {name: getattr(self.optimizer, name, absent) for name in snapshot.scaling}
+        for name, value in snapshot.scaling.items():
+            setattr(self.optimizer, name, value)
         self.applying = True
         try:
             self.optimizer.step()
@@ -106,6 +121,11 @@ class DeferredUpdates:
             for group, (params, values) in zip(self.optimizer.param_groups, saved):
                 group["params"] = params
                 group.update(values)
+            for name, value in scaling.items():  # as GradScaler left them (it deletes them after its step())
+                if value is absent:
+                    delattr(self.optimizer, name)
+                else:
+                    setattr(self.optimizer, name, value)
         if self.trace:
             self.trace.span("update", f"{len(chosen)} parameters", started, time.perf_counter())
 

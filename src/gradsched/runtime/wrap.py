@@ -23,13 +23,13 @@ from torch import nn
 from ..core import POLICIES, policy_config
 from .checks import (check_across_ranks, check_arguments, check_optimizer, check_options, check_parameters,
                      stray_parameters, trainable, warn_stray)
-from .compression import check_backend, check_compressible, wire_dtype
+from .comm.compression import check_backend, check_compressible, wire_dtype
 from .config import RuntimeConfig
 from .coordinator import Coordinator
 from .errors import GradschedError, entry, failing_rank
 from .optimizer import ScheduledOptimizer
 from .peer_status import stop_all
-from .server import Server
+from .comm.server import Server
 from .topology import Topology, destroy_created
 
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weakref to its coordinator
@@ -107,11 +107,11 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     with failing_rank(f"{entry()}: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
-        check_backend(config.compression, topology.group("data"))
+        check_backend(config.compression, topology.data, params[0].device)
     if config.broadcast_parameters:
         with torch.no_grad():
             for p in params:
-                dist.broadcast(p.data, src=0, group=topology.group("data"))
+                dist.broadcast(p.data, src=0, group=topology.data)
     if topology.is_server:
         _serve(model, names, params, config, topology)
         return None

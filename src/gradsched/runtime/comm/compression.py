@@ -1,8 +1,9 @@
 """Gradient compression on the wire: every message travels as bfloat16 or float16.
 
-A message's flat buffer is divided by the number of workers and cast to the wire dtype (one
-cast per message and dtype, not per tensor), reduced, and cast back into the buffer when it
-arrives: what PyTorch's ``bf16_compress_hook``/``fp16_compress_hook`` do for a DDP bucket,
+:class:`Compressed` wraps any transport (all-reduce, parameter servers). A message's flat
+buffer is divided as the transport divides (by the number of workers, for all-reduce) and
+cast to the wire dtype (one cast per message and dtype, not per tensor), reduced, and cast
+back into the buffer when it arrives: what PyTorch's ``bf16_compress_hook``/``fp16_compress_hook`` do for a DDP bucket,
 except that the division comes before the cast, so a float16 wire overflows only where the
 average itself would. The scheduler sees wire bytes (2 per element), so partitions, credit
 windows and the link estimate are all in what travels.
@@ -13,12 +14,14 @@ PyTorch's own ``bf16_compress_hook`` refuses to run without CUDA and NCCL.
 
 from __future__ import annotations
 
-from typing import Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .errors import GradschedError, entry
+from ..errors import GradschedError, entry
+from .transport import MessageKey, Reduced, Transport, Transports
 
 WIRE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,13 +40,13 @@ def check_compressible(compression: str | None, names: Sequence[str], params: Se
                                  "only floating-point gradients can be compressed (pass compression=None)")
 
 
-def check_backend(compression: str | None, group: dist.ProcessGroup) -> None:
-    """All-reduce two elements of the wire dtype now, so that a backend that cannot reduce it
-    fails at wrap time with the reason, not in the middle of the first backward pass."""
+def check_backend(compression: str | None, group: dist.ProcessGroup, device: torch.device) -> None:
+    """All-reduce two elements of the wire dtype now, on ``device`` (the parameters'), so that a
+    backend that cannot reduce it there fails at wrap time with the reason, not in the middle
+    of the first backward pass."""
     if compression is None:
         return
     dtype = WIRE[compression]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
     try:
         dist.all_reduce(torch.ones(2, dtype=dtype, device=device), group=group)
     except (RuntimeError, ValueError) as exc:
@@ -81,6 +84,34 @@ class WireBuffers:
                 copy = cache[(message, j)] = torch.empty_like(buffer, dtype=self.wire)
             out.append(copy.copy_(buffer))
         return out
+
+
+def _cast_back(original: torch.Tensor, travelled: torch.Tensor, future: torch.futures.Future) -> torch.Tensor:
+    future.value()  # raises if the transport failed
+    if travelled is not original:
+        original.copy_(travelled)
+    return original
+
+
+class Compressed(Transports):
+    """``inner`` with every buffer travelling as ``wire``: divided as ``inner`` divides, cast,
+    sent by ``inner``, and cast back in a callback of the buffer's own future."""
+
+    def __init__(self, inner: Transport, wire: torch.dtype) -> None:
+        self.inner = inner
+        self.wire = WireBuffers(wire)
+
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        self.inner.divide(buffers)
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
+        travelling = self.wire.cast(key.version, key.index, buffers)
+        futures = self.inner.send(key, travelling, on_sent)
+        return [f.then(partial(_cast_back, b, t)) for f, b, t in zip(futures, buffers, travelling)]
+
+    def close(self, wait: bool) -> None:
+        self.inner.close(wait)
 
 
 def ddp_hook(dtype: torch.dtype):

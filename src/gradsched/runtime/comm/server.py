@@ -1,4 +1,4 @@
-"""The parameter server loop (see :mod:`gradsched.runtime.ps` for roles and wire format).
+"""The parameter server loop (see :mod:`gradsched.runtime.comm.ps` for roles and wire format).
 
 A server serves rounds one at a time. It waits for every worker's header of the round
 (all must name the same round and plan), takes the plan (received from rank 0 when it was
@@ -23,11 +23,11 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from ..core.plan import Plan
-from .errors import GradschedError
-from . import wire_format
+from ...core.plan import Plan
+from .. import wire_format
+from ..errors import GradschedError
+from ..topology import Topology
 from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag
-from .topology import Topology
 
 
 class Server:
@@ -37,8 +37,8 @@ class Server:
         self.servers = list(topology.servers)
         self.me = self.servers.index(self.rank)
         self.dtype_of = dict(dtype_of)
-        self.group = topology.group("data")
-        self.plans_group = plans_group = topology.group("plans")
+        self.group = topology.data
+        self.plans_group = plans_group = topology.plans
         self.timeout = timedelta(seconds=timeout_s)
         self.plans: dict[int, Plan] = {}
         self._buffers: tuple[int, dict[tuple[int, int], list[torch.Tensor]]] | None = None  # (plan version, buffers)

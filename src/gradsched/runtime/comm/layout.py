@@ -9,11 +9,13 @@ dtypes) are copied into a temporary buffer and back.
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping, Sequence
 
 import torch
 
-from ..core.plan import Plan
+from ...core.plan import Plan
+from .plans import Adopted, PlanVersions
 
 BufferKey = tuple[torch.dtype, torch.device]
 
@@ -46,3 +48,27 @@ class BufferLayout:
             consecutive = all(a[1] + a[2] == b[1] for a, b in zip(ranges, ranges[1:]))
             if consecutive and all(r[0] == key for r in ranges):
                 self.fused[k] = flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]
+
+
+class Layouts:
+    """The layout of every plan a round may still follow, made when first asked for (by the
+    training thread, for homes, or by the launcher) and dropped with the plan."""
+
+    def __init__(self, index: Mapping[str, int], like: Sequence[torch.Tensor], versions: PlanVersions) -> None:
+        self.index = index
+        self.like = like
+        self.versions = versions  # read under the exchange's lock, which callers hold
+        self._lock = threading.Lock()
+        self._made: dict[int, BufferLayout] = {}  # plan version -> layout
+
+    def of(self, adopted: Adopted) -> BufferLayout:
+        with self._lock:
+            layout = self._made.get(adopted.version)
+            if layout is None:
+                self._made = {v: l for v, l in self._made.items() if v in self.versions}
+                layout = self._made[adopted.version] = BufferLayout(adopted.plan, self.index, self.like)
+            return layout
+
+    def clear(self) -> None:
+        with self._lock:
+            self._made.clear()

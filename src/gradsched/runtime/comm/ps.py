@@ -4,7 +4,7 @@ the worker's side (push a message to the servers, pull the sum back).
 Roles (assigned in :mod:`gradsched.runtime.topology`). A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
 ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
 ``gradsched.wrap`` on a server rank runs the server loop and exits the process when the
-workers finish (see :mod:`gradsched.runtime.server`).
+workers finish (see :mod:`gradsched.runtime.comm.server`).
 
 Messages. The workers agree on plans exactly as with all-reduce (rank 0 proposes at the
 control points), and rank 0 forwards every plan to every server. A message is one buffer
@@ -35,13 +35,12 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.plan import Plan, PlannedMessage
-from .compression import WireBuffers
-from .errors import GradschedError
+from ...core.plan import Plan, PlannedMessage
+from .. import wire_format
+from ..errors import GradschedError
+from ..wire_format import PlanUpdate
 from .plans import Adopted, PlanVersions
-from .transport import MessageKey, Reduced
-from . import wire_format
-from .wire_format import PlanUpdate
+from .transport import MessageKey, Reduced, Transports
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -116,8 +115,8 @@ def _if_done(future: torch.futures.Future, then: Callable[[], None]) -> None:
     then()
 
 
-class PushPull:
-    """The worker's transport: push each message to the servers, pull the sum back.
+class PushPull(Transports):
+    """The worker's transport: push each message to the servers, pull the average back.
 
     It follows the plans every worker adopts (rank 0 forwards each one to the servers) and
     announces each round to the servers with the round's first message. gloo's
@@ -126,9 +125,8 @@ class PushPull:
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
                  server_ranks: Sequence[int], workers: int, dtype_of: Mapping[str, torch.dtype],
-                 versions: PlanVersions, wire: torch.dtype | None = None) -> None:
+                 versions: PlanVersions) -> None:
         """``dtype_of``: what each gradient travels as (the wire dtype, with compression)."""
-        self.wire = WireBuffers(wire)  # compression: buffers are cast before the push, and back after the pull
         self.group = data_group
         self.plans_group = plans_group
         self.rank = rank
@@ -162,8 +160,11 @@ class PushPull:
             self._held = [h for h in self._held if not all(w.is_completed() for w in h[0])]
             self._held.append((works, tensors))
 
-    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
-               on_sent: Callable[[], None] | None = None) -> Reduced:
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        pass  # the servers divide the sum
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
         if key.round != self._round:  # the round's first message: announce the round first
             self._round = key.round
             self._header(key.round, key.version)
@@ -171,8 +172,6 @@ class PushPull:
             for old in [v for v in self._plans if v < key.version]:
                 del self._plans[old]
             message = self._plans[key.version].messages[key.index]
-        originals = list(buffers)
-        buffers = self.wire.cast(key.version, key.index, originals)  # one cast per buffer
         layout = buffer_layout(message, self.dtype_of)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
@@ -193,16 +192,7 @@ class PushPull:
         if on_sent is not None:  # a failed send fails the message's future too: reported there
             sent.add_done_callback(lambda future: _if_done(future, on_sent))
         pulled = self._waiter.track([sent, *receives], key.index, list(buffers))
-        if self.wire.wire is None:
-            return pulled
-
-        def cast_back(future: torch.futures.Future) -> list[torch.Tensor]:
-            for original, travelled in zip(originals, future.value()):
-                if travelled is not original:
-                    original.copy_(travelled)
-            return originals
-
-        return pulled.then(cast_back)
+        return [pulled] * len(buffers)  # CPU only (parameter servers run on gloo): one future serves all
 
     def close(self, wait: bool) -> None:
         self._waiter.stop(5.0 if wait else 0.5)  # it waits for the send waiter's futures: first

@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..core.plan import Plan
-from ..core.task import TensorSpec
+from ...core.plan import Plan
+from ...core.task import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""The processes of one benchmark run: the command line of each rank (or of each emulated
+host's torchrun), rank 0's progress and result, and stopping them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Callable
+
+from .netns import EmulatedCluster
+from .protocol import MARK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_host(nnodes: int, node_rank: int, nproc: int, endpoint: str, address: str, rdzv_id: str) -> list[str]:
+    """One host's torchrun command line, to which the script and its arguments are appended.
+    A host states its own address (``--local-addr``: a namespace shares the machine's
+    hostname) and host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts"
+    tells users to."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", f"is_host={str(node_rank == 0).lower()}", "--local-addr", address]
+
+
+def starts(torchrun: bool, hosts: int, procs_per_node: int, cluster: EmulatedCluster | None, worker: list[str],
+           master: str, port: int, stdout: int) -> list[tuple[int, list[str], dict[str, str], int]]:
+    """(host, command, environment, stdout) of every process to start: one torchrun per host,
+    or one process per rank; rank 0 (or host 0's torchrun) writes to ``stdout``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if cluster is not None:
+        env["GLOO_SOCKET_IFNAME"] = cluster.interface
+    if torchrun:  # as users launch across hosts: one torchrun per host; rank 0 is on any
+        return [(host, torchrun_host(hosts, host, procs_per_node, f"{master}:{port}",
+                                     "127.0.0.1" if cluster is None else cluster.addresses[host],
+                                     f"bench{os.getpid()}") + worker, env, stdout)
+                for host in range(hosts)]
+    ranks = hosts * procs_per_node
+    return [(rank // procs_per_node, [sys.executable, *worker],
+             dict(env, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
+                  MASTER_ADDR=master, MASTER_PORT=str(port)),
+             stdout if rank == 0 else subprocess.DEVNULL) for rank in range(ranks)]
+
+
+def read_result(reading: int, progress: Callable[[dict], None]) -> dict | None:
+    """Rank 0's progress lines (passed on) and its result (returned), until it closes its stdout."""
+    result = None
+    for line in os.fdopen(reading, closefd=False):
+        if line.startswith(MARK):
+            message = json.loads(line[len(MARK):])
+            if message["kind"] == "progress":
+                progress(message)
+            else:
+                result = message
+    return result
+
+
+class Processes:
+    """The processes of one benchmark run, their logs, and a way to stop them all."""
+
+    def __init__(self, cluster: EmulatedCluster | None, torchrun: bool) -> None:
+        self.cluster = cluster
+        self.torchrun = torchrun
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+        self.expired = threading.Event()
+
+    def start(self, host: int, argv: list[str], env: dict[str, str], stdout: int) -> None:
+        if self.cluster is not None:
+            argv = self.cluster.command(host, argv)
+        log = tempfile.TemporaryFile(mode="w+")
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(argv, env=env, stdout=stdout, stderr=log, text=True,
+                                           start_new_session=True))
+
+    def kill_all(self) -> None:
+        self.expired.set()
+        for proc in self.procs:
+            if proc.poll() is None:  # torchrun stops its workers on SIGTERM (they run in sessions of their own)
+                os.killpg(proc.pid, signal.SIGTERM if self.torchrun else signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.cluster is not None:
+            self.cluster.kill_processes()  # anything left in the namespaces
+
+    def failure(self, result: dict | None) -> str | None:
+        """Why the run failed (the first failed process's log tail), or None."""
+        failed = [r for r, p in enumerate(self.procs) if p.returncode != 0]
+        if not failed and result is not None:
+            return None
+        log = self.logs[failed[0] if failed else 0]
+        log.seek(0)
+        return f"benchmark {'host' if self.torchrun else 'rank'} {failed[0] if failed else 0} failed:\n{log.read()[-6000:]}"
+
+    def close(self) -> None:
+        self.kill_all()
+        for proc in self.procs:
+            proc.wait()
+        for log in self.logs:
+            log.close()
+
+

@@ -1,0 +1,117 @@
+"""Following a plan: when each message of one round may start, and what its end reduces.
+
+Every rank follows the same :class:`~gradsched.core.plan.Plan` with its own timing. The rule
+(:mod:`gradsched.core.plan`): message k starts once every earlier message has started, the
+gradients it carries are ready on this rank, and the event that released it in the plan has
+happened here too (a gradient became ready, an earlier message finished or, with parameter
+servers, was sent). A :class:`RoundFollower` holds one round's progress under that rule; the
+runtime's launcher (:mod:`gradsched.runtime.comm.launcher`) feeds it what happens and
+launches what it allows, and tests replay exact event sequences through it. It knows
+gradients by their index in the model's parameter list, and which are ready only through
+the ``ready`` predicate it is asked with.
+
+>>> plan = Plan("priority", True, (
+...     PlannedMessage((("w1", 0, 10),), 40, "w1", None, 0.0, 1.0),
+...     PlannedMessage((("w0", 0, 10),), 40, None, 0, 1.0, 2.0)), span_s=2.0)
+>>> round_ = RoundFollower(plan, {"w0": 0, "w1": 1})
+>>> ready = {1}
+>>> round_.launchable(ready.__contains__), round_.launch()
+(True, (0, True))
+>>> ready.add(0)
+>>> round_.launchable(ready.__contains__)  # w0 is ready, but message 0 has not finished
+False
+>>> round_.finish(0), round_.launchable(ready.__contains__)
+([1], True)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from .plan import Plan, PlannedMessage
+
+Ready = Callable[[int], bool]  # whether gradient i of this round has been handed over here
+
+
+class RoundFollower:
+    """Launch and completion progress of one round (one backward pass) on one rank."""
+
+    def __init__(self, plan: Plan, index: Mapping[str, int]) -> None:
+        self.plan = plan
+        n = len(plan.messages)
+        self.launched = 0  # messages started (always a prefix of the plan)
+        self.in_flight = 0  # started, not finished
+        self.done = [False] * n
+        self.sent = [False] * n  # reported sent by the transport (parameter servers)
+        self.remaining: dict[int, int] = {}  # tensor -> slices not yet reduced
+        self.messages_of: dict[int, list[int]] = {}  # tensor -> messages carrying a slice of it
+        self._needs: list[tuple[int, ...]] = []  # message -> tensors that must be ready first
+        self._carried: list[tuple[int, ...]] = []  # message -> tensor of each of its slices
+        for k, message in enumerate(plan.messages):
+            carried = [index[name] for name in message.tensors]
+            self._carried.append(tuple(carried))
+            for i in carried:
+                self.remaining[i] = self.remaining.get(i, 0) + 1
+                self.messages_of.setdefault(i, []).append(k)
+            after = [index[message.after_tensor]] if message.after_tensor is not None else []
+            self._needs.append(tuple(dict.fromkeys(carried + after)))
+
+    @property
+    def next(self) -> PlannedMessage | None:
+        """The message to start next (None: every message has started)."""
+        return self.plan.messages[self.launched] if self.launched < len(self.plan.messages) else None
+
+    @property
+    def complete(self) -> bool:
+        """Every message has finished."""
+        return self.launched == len(self.plan.messages) and self.in_flight == 0
+
+    def lacking(self, ready: Ready) -> list[int]:
+        """The gradients the next message waits for (its own, and its releasing one)."""
+        return [i for i in self._needs[self.launched] if not ready(i)] if self.next is not None else []
+
+    def launchable(self, ready: Ready) -> bool:
+        """Whether the next message may start now."""
+        message = self.next
+        if message is None or self.lacking(ready):
+            return False
+        after = message.after_message
+        return after is None or self.done[after] or (message.after_sent and self.sent[after])
+
+    def launch(self) -> tuple[int, bool]:
+        """Start the next message (the caller checked :meth:`launchable`): its index, and
+        whether it is the only message of this round in flight."""
+        if self.next is None:
+            raise ValueError("every message of this round has started")
+        k = self.launched
+        self.launched += 1
+        self.in_flight += 1
+        return k, self.in_flight == 1
+
+    def mark_sent(self, k: int) -> None:
+        """This rank's part of message ``k`` is sent (its push done)."""
+        self._check_started(k)
+        self.sent[k] = True
+
+    def finish(self, k: int) -> list[int]:
+        """Message ``k`` finished: the gradients whose every slice is now reduced."""
+        self._check_started(k)
+        if self.done[k]:
+            raise ValueError(f"message {k} finished twice")
+        self.done[k] = True
+        self.sent[k] = True
+        self.in_flight -= 1
+        reduced = []
+        for i in self._carried[k]:  # one entry per slice
+            self.remaining[i] -= 1
+            if self.remaining[i] == 0:
+                reduced.append(i)
+        return reduced
+
+    def carries_from(self, i: int, k: int) -> bool:
+        """Whether message ``k`` or a later one carries a slice of gradient ``i``."""
+        return any(m >= k for m in self.messages_of.get(i, ()))
+
+    def _check_started(self, k: int) -> None:
+        if not 0 <= k < self.launched:
+            raise ValueError(f"message {k} has not started")

@@ -1,0 +1,1 @@
+"""The data plane: how gradients travel (see :mod:`gradsched.runtime.comm.exchange`)."""

@@ -1,0 +1,288 @@
+"""The launcher: the one thread of a rank that issues gradsched's collectives on the data group.
+
+It walks the plan of each round in order, the plan-following rule of
+:class:`~gradsched.core.following.RoundFollower` deciding when each message may start, so
+every rank issues the same operations in the same order: the order comes from the plan,
+never from local timing. A message travels in the range of the plan's flat buffer that
+holds its gradients when it has one (:mod:`gradsched.runtime.comm.layout`), else in buffers
+copied together per dtype. On CUDA the launcher's stream first waits for the streams that
+produced the message's gradients (an event recorded when each was handed over).
+
+The transport's futures get the copies back chained onto them; the completion
+(:mod:`gradsched.runtime.comm.completion`) says when the message ended, and only then are
+its gradients marked reduced on the board, the credit it held freed and its time fed to the
+link estimate. Between rounds the thread also runs the few other operations that must
+travel on the data group (the link probe): :meth:`Launcher.between_rounds`. It sleeps on the
+board's lock and is woken only when what it waits for may have happened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+
+from ...core.estimator import CompletionTimer, LinkEstimator
+from ...core.following import RoundFollower
+from ...core.plan import Plan, PlannedMessage
+from ..errors import GradschedError
+from .board import Board
+from .completion import Completion
+from .layout import BufferLayout, Layouts
+from .plans import Adopted, PlanVersions
+from .transport import MessageKey, Transport
+
+T = TypeVar("T")
+
+
+@dataclass
+class RoundState:
+    """One round (one backward pass) on this rank: the plan it follows and its progress."""
+
+    index: int
+    adopted: Adopted
+    layout: BufferLayout
+    follower: RoundFollower
+    futures: dict[int, list[torch.futures.Future]] = field(default_factory=dict)  # message -> its futures
+
+    @property
+    def plan(self) -> Plan:
+        return self.adopted.plan
+
+
+@dataclass
+class _Job:
+    run: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+_ANY_ROUND = "any round"  # what the launcher waits for between rounds
+
+
+def _copy_back(buffer: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> torch.Tensor:
+    """A message that travelled in a copy: its result back into the gradients it was made of."""
+    future.value()  # raises if the transport failed
+    offset = 0
+    for view in views:
+        view.copy_(buffer[offset : offset + view.numel()])
+        offset += view.numel()
+    return buffer
+
+
+class Launcher:
+    def __init__(self, board: Board, versions: PlanVersions, layouts: Layouts, transport: Transport,
+                 completion: Completion, estimator: LinkEstimator, on_event: Callable[..., None] | None) -> None:
+        self.board = board
+        self.versions = versions  # read under the board's lock
+        self.layouts = layouts
+        self.transport = transport
+        self.completion = completion
+        self.on_event = on_event  # tracing: on_event(kind, **fields), called under the lock
+        self.rounds: dict[int, RoundState] = {}
+        self._wake = threading.Condition(board.cond)  # the launcher sleeps here, on the board's lock
+        self._waiting: object = None  # _ANY_ROUND, or the RoundState whose next message it waits to launch
+        self._jobs: list[_Job] = []
+        self._timer = CompletionTimer(estimator)
+        self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- called by the training thread, under the board's lock ---------------------------------
+    def gradient_ready(self, round_index: int) -> None:
+        waiting = self._waiting
+        if waiting is _ANY_ROUND or (
+            isinstance(waiting, RoundState) and waiting.index == round_index and self._launchable(waiting)
+        ):
+            self._wake.notify()
+
+    def wake(self) -> None:
+        self._wake.notify_all()
+
+    def held_up_by(self, indices: Sequence[int]) -> list[int]:
+        """If the message this thread waits to launch lacks gradients of its round, and must go
+        before one that carries the latest gradient of one of ``indices``: every gradient that
+        round lacks (indices); else []."""
+        state = self._waiting
+        if not isinstance(state, RoundState):
+            return []
+        board, r = self.board, state.index
+        if not state.follower.lacking(partial(self._ready, r)):
+            return []
+        k = state.follower.launched
+        for i in indices:
+            if board.ready_round[i] > r or (board.ready_round[i] == r and state.follower.carries_from(i, k)):
+                return [j for j in range(len(board.ready_round)) if board.ready_round[j] < r]
+        return []
+
+    # -- called by the training thread ---------------------------------------------------------
+    def between_rounds(self, run: Callable[[], T], timeout_s: float) -> T:
+        """Run ``run`` on this thread once every message of the rounds begun so far has been
+        launched, before the next round's first: the same point of the data group's order on
+        every rank, if every rank asks at the same point of its training."""
+        job = _Job(run)
+        with self.board.cond:
+            if self.board.stopping:
+                raise GradschedError("gradient communication has stopped")
+            self._jobs.append(job)
+            self._wake.notify_all()
+        deadline = time.monotonic() + timeout_s
+        while not job.done.wait(0.1):
+            if self.board.error is not None or not self._thread.is_alive() or time.monotonic() > deadline:
+                raise GradschedError(f"the communication thread could not run {getattr(run, '__name__', run)}: "
+                                     f"{self.board.error or 'it stopped or timed out'}")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def stop(self, wait: bool) -> None:
+        """End the thread; with ``wait``, wait for what is in flight; close the transport."""
+        self._thread.join(timeout=5.0)
+        with self.board.cond:
+            pending = [f for state in self.rounds.values() for fs in state.futures.values() for f in fs]
+            self.rounds.clear()
+        for future in pending:
+            if self.board.error is not None or not wait:
+                break  # a failed collective: the backend's timeout ends the rest
+            try:
+                future.wait()
+            except Exception:  # noqa: BLE001 - reported through board.error
+                pass
+        self.completion.stop(5.0 if wait else 0.5)
+        self.transport.close(wait and self.board.error is None)
+        self.transport = None
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        round_index = 1
+        try:
+            if self.board.device is not None:  # collectives and copies of this thread go to that device
+                torch.cuda.set_device(self.board.device)
+            while True:
+                state = self._begin(round_index)
+                if state is None:
+                    return
+                while state.follower.next is not None:
+                    launch = self._await(state)
+                    if launch is None:
+                        return
+                    self._launch(state, *launch)
+                round_index += 1
+        except BaseException as exc:  # noqa: BLE001 - reported to the training thread
+            self.board.fail(exc)
+        finally:
+            for job in self._jobs:
+                job.error = job.error or GradschedError("gradient communication has stopped")
+                job.done.set()
+
+    def _ready(self, round_index: int, i: int) -> bool:
+        return self.board.ready(i, round_index)
+
+    def _begin(self, round_index: int) -> RoundState | None:
+        """Wait until the round has begun here (running jobs meanwhile), then set it up (None: stop)."""
+        board = self.board
+        with board.cond:
+            # Choose the round's plan only once the round has begun here: a plan agreed at
+            # the control point of the previous round must be in place.
+            while not any(r >= round_index for r in board.ready_round):
+                if board.stopping:
+                    return None
+                if self._jobs:
+                    job = self._jobs.pop(0)
+                    board.cond.release()
+                    try:
+                        job.result = job.run()
+                    except BaseException as exc:  # noqa: BLE001 - raised on the thread that asked
+                        job.error = exc
+                    finally:
+                        board.cond.acquire()
+                        job.done.set()
+                    continue
+                self._waiting = _ANY_ROUND
+                self._wake.wait()
+            self._waiting = None
+            adopted = self.versions.for_round(round_index)
+            self.versions.forget_before(round_index)
+            follower = RoundFollower(adopted.plan, board.index)
+            state = RoundState(round_index, adopted, self.layouts.of(adopted), follower)
+            self.rounds[round_index] = state
+            self.rounds.pop(round_index - 2, None)
+            return state
+
+    def _launchable(self, state: RoundState) -> bool:
+        return state.follower.launchable(partial(self._ready, state.index))
+
+    def _await(self, state: RoundState) -> tuple | None:
+        """Wait until the next message may start; take its buffers (None: stop)."""
+        board = self.board
+        with board.cond:
+            while not self._launchable(state):
+                if board.stopping:
+                    return None
+                self._waiting = state
+                self._wake.wait()
+            self._waiting = None
+            k, idle = state.follower.launch()
+            message = state.plan.messages[k]
+            fused = state.layout.fused.get(k)
+            views = [] if fused is not None else [
+                board.grads[board.index[name]].view(-1)[offset : offset + numel]
+                for name, offset, numel in message.slices]
+            produced = [board.produced[board.index[name]] for name in dict.fromkeys(message.tensors)]
+            return k, message, views, fused, idle, [e for e in produced if e is not None]
+
+    def _launch(self, state: RoundState, k: int, message: PlannedMessage, views: list[torch.Tensor],
+                fused: torch.Tensor | None, idle: bool, produced: list[Any]) -> None:
+        for event in produced:  # CUDA: what follows runs after the streams that wrote the gradients
+            torch.cuda.current_stream(self.board.device).wait_event(event)
+        copied: list[list[torch.Tensor]] | None = None  # per buffer, the gradient views it was made of
+        if fused is not None:  # the gradients already live, in order, in the message's range
+            buffers = [fused]
+        elif len(views) == 1:
+            buffers = [views[0]]
+        else:  # copied into one buffer per dtype: one operation per dtype, in a fixed order
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for view in views:
+                by_dtype.setdefault(view.dtype, []).append(view)
+            copied = [by_dtype[d] for d in sorted(by_dtype, key=str)]
+            buffers = [torch.cat(group) for group in copied]
+        launched_at = time.perf_counter()
+        futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
+                                        on_sent=partial(self._sent, state, k))
+        if copied is not None:
+            futures = [f.then(partial(_copy_back, b, v)) for f, b, v in zip(futures, buffers, copied)]
+        with self.board.cond:
+            state.futures[k] = futures
+            if self.on_event:
+                self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at,
+                              names=message.tensors)
+        self.completion.track(futures, partial(self._finished, state, k, message, launched_at, idle))
+
+    def _sent(self, state: RoundState, k: int) -> None:
+        with self.board.cond:
+            state.follower.mark_sent(k)
+            self._wake.notify_all()
+
+    def _finished(self, state: RoundState, k: int, message: PlannedMessage, launched_at: float, idle: bool,
+                  now: float, error: BaseException | None) -> None:
+        board = self.board
+        if error is not None:
+            board.fail(error)
+            with board.cond:
+                self._wake.notify_all()
+            return
+        with board.cond:
+            self._timer.finished(message.nbytes, launched_at, idle, now)
+            for i in state.follower.finish(k):
+                board.reduced_round[i] = state.index
+            state.futures.pop(k, None)
+            if self.on_event:
+                self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)
+            board.cond.notify_all()
+            self._wake.notify_all()

@@ -1,0 +1,85 @@
+"""The transport seam: how one message's buffers are averaged over the workers.
+
+A transport is told *which* message it reduces (a :class:`MessageKey`: the round, the
+version of the plan the round follows, the message's index in it) and gets the message's
+buffers, one per dtype, holding this rank's gradients. It returns one future per buffer,
+each completing once that buffer holds the average (on CUDA: a future that carries the
+streams the result is written on, so a stream that waits for it sees the result). A
+transport that sends before it completes (a push to parameter servers, then a pull) also
+calls ``on_sent`` once this rank's part is sent; others never do, and the message counts as
+sent when it completes.
+
+Dividing by the number of workers is the transport's job, as in DDP's communication hooks:
+:meth:`Transport.divide` is what a rank does to its buffers before they travel (all-reduce:
+divide by the workers; parameter servers: nothing, the servers divide), and
+:meth:`Transport.send` makes them travel. Compression
+(:class:`gradsched.runtime.comm.compression.Compressed`) wraps any transport between the two.
+
+:class:`AllReduce` is the default. Parameter servers have their own
+(:class:`gradsched.runtime.comm.ps.PushPull`); the round headers servers need live in it.
+Which one a rank uses is chosen in one place, :func:`gradsched.runtime.comm.transports.make_transport`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+Reduced = list  # of torch.futures.Future: one per buffer, completing with the buffer's average
+
+
+class MessageKey(NamedTuple):
+    round: int  # the backward pass, numbered from 1
+    version: int  # of the plan the round follows (see gradsched.runtime.comm.plans)
+    index: int  # of the message in that plan
+
+
+class Transport(Protocol):
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        """What this rank does to its buffers, in place, before they travel."""
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
+        """Start reducing ``buffers`` (divided already). Messages arrive in plan order, rounds
+        in order, on one thread."""
+
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+               on_sent: Callable[[], None] | None = None) -> Reduced:
+        """:meth:`divide`, then :meth:`send`."""
+
+    def close(self, wait: bool) -> None:
+        """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
+
+
+class Transports:
+    """What every transport's :meth:`Transport.reduce` is."""
+
+    def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+               on_sent: Callable[[], None] | None = None) -> Reduced:
+        self.divide(buffers)
+        return self.send(key, buffers, on_sent)
+
+
+class AllReduce(Transports):
+    """One async all-reduce per buffer on the workers' data group, in place.
+
+    Each buffer's future is its collective's own: it completes when the backend finishes it
+    (two messages in flight may finish out of launch order), and on CUDA it carries the
+    communication stream, so whoever waits for it is ordered after the reduction."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        for buffer in buffers:
+            buffer.div_(self.size)
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
+        return [dist.all_reduce(buffer, group=self.group, async_op=True).get_future() for buffer in buffers]
+
+    def close(self, wait: bool) -> None:
+        self.group = None
