@@ -36,7 +36,8 @@ def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "runtime.md").read_text()
 
 
-@pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50"])
+@pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50",
+                                  "dataplane-before-sweep", "dataplane-after-sweep"])
 def test_the_bench_docs_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
 

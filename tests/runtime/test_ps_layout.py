@@ -51,3 +51,18 @@ def test_ps_plans_cover_every_tensor_and_predict_push_then_pull():
     assert ps.span_s == pytest.approx(2 * allreduce.span_s)  # 8000 bytes pushed, then pulled
     with pytest.raises(ValueError, match="arch must be"):
         make_plan(specs, ready, policy_config("fifo"), arch="ring")
+
+
+def test_parameter_servers_on_nccl_are_refused_with_the_reason(world_of_one, monkeypatch):
+    """NCCL matches point-to-point operations by order and a server receives from every worker
+    first: a job on NCCL is told to use gloo for parameter servers (the group is gloo here, only
+    named NCCL: no GPU is needed to see the refusal)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    import gradsched
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    model = nn.Linear(4, 4)
+    with pytest.raises(GradschedError, match="architecture='ps' needs the gloo backend: NCCL matches"):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), architecture="ps", servers=1)

@@ -80,6 +80,10 @@ def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig) -> N
     if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
         raise GradschedError(f"{entry()}: architecture='ps' moves CPU tensors over gloo for now; "
                              "use architecture='allreduce' for CUDA parameters")
+    if config.architecture == "ps" and "nccl" in str(dist.get_backend()):
+        raise GradschedError(f"{entry()}: architecture='ps' needs the gloo backend: NCCL matches point-to-point "
+                             "operations by their order, and a server receives from every worker before it answers "
+                             "(init_process_group('gloo'), or architecture='allreduce' on NCCL)")
 
 
 def stray_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],
