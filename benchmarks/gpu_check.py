@@ -121,7 +121,7 @@ class Net(nn.Module):
         return out if self.calls <= self.unused_for else out + self.late(out)
 
 
-def batches(device: torch.device, steps: int, size: int = 16, image: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(device: torch.device, steps: int, size: int = 16, image: int = 16) -> list[tuple[torch.Tensor, ...]]:
     g = torch.Generator().manual_seed(1 + dist.get_rank())
     return [(torch.randn(size, 3, image, image, generator=g).to(device),
              torch.randint(0, 10, (size,), generator=g).to(device)) for _ in range(steps)]

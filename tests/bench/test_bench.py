@@ -143,7 +143,9 @@ def test_parameter_servers_communication_alone_is_limited_by_the_server_link():
     # (counting the server's link once, or four times), not the host's noise.
     assert wire * 0.95 < setting["comm_s"] < wire * 1.9
     assert wire * 0.95 < setting["comm_servers_s"] < wire * 1.9  # plus filling the push/pull pipeline
-    assert 0.0 < setting["host_cpu_busy_comm_servers"] <= 1.0 and 0.0 < setting["host_cpu_busy_compute"] <= 1.0
+    # compute alone is sleeps here (replay-mini: a few ms per iteration): the host's counters
+    # (10 ms ticks) can see it wholly idle, so only its range is checked
+    assert 0.0 < setting["host_cpu_busy_comm_servers"] <= 1.0 and 0.0 <= setting["host_cpu_busy_compute"] <= 1.0
     assert leftovers() == []
 
 

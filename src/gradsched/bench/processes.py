@@ -103,7 +103,8 @@ class Processes:
             return None
         log = self.logs[failed[0] if failed else 0]
         log.seek(0)
-        return f"benchmark {'host' if self.torchrun else 'rank'} {failed[0] if failed else 0} failed:\n{log.read()[-6000:]}"
+        who = f"{'host' if self.torchrun else 'rank'} {failed[0] if failed else 0}"
+        return f"benchmark {who} failed:\n{log.read()[-6000:]}"
 
     def close(self) -> None:
         self.kill_all()

@@ -165,29 +165,27 @@ class Coordinator:
             if self.unused is not None and grad is not None:
                 self.unused.local_gradient(i)
             return
-        now = time.perf_counter()
         if self.current.next_begins:
-            self._start_round(now)
+            self._start_round()
             if self.unused is not None:
                 self.unused.begin()  # which parameters will this backward pass reach?
         if grad is not None:
-            self._hand_over_grad(i, grad, now)
+            self._hand_over_grad(i, grad)
         if self.unused is not None and self.unused.report(i, grad is not None):
             self._settle_unused()  # the last gradient this backward pass gives the model
 
-    def _hand_over_grad(self, i: int, grad: torch.Tensor, now: float) -> None:
-        now = self.clock.stamp(self.current.timing, ("ready", self.names[i]))
+    def _hand_over_grad(self, i: int, grad: torch.Tensor) -> None:
         if self.exchange.ready_round[i] == self.round:
             raise GradschedError(
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use no_sync() for backward passes that should not communicate"
             )
-        self.current.timing.ready[self.names[i]] = now
+        now = self.current.timing.ready[self.names[i]] = self.clock.stamp(self.current.timing, ("ready", self.names[i]))
         if self.trace:
             self.trace.ready(self.round, self.names[i], now, backward_from=self.current.timing.forward_end)
         self.handover.receive(i, grad, self.current.homes.get(i), self.round, self.current.grad_scale)
 
-    def _start_round(self, now: float) -> None:
+    def _start_round(self) -> None:
         self.current.begin(self.exchange.homes(self.round + 1))
 
     def _before_root(self, module: nn.Module, args: Any) -> None:
@@ -225,7 +223,7 @@ class Coordinator:
             self.broadcast_buffers(iteration.source)
         if not iteration.communicates:
             return
-        self._start_round(time.perf_counter())
+        self._start_round()
         everything = range(len(self.params))
         for i in everything:
             home = self.current.homes.get(i)
@@ -446,7 +444,8 @@ class Coordinator:
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""
         state = "closed" if self._closed else "joined" if self.uneven.joined else "training"
-        heading = 1 if self.current.next_begins and self.current.forward_ran and state == "training" else 0  # forward began
+        began = self.current.next_begins and self.current.forward_ran and state == "training"  # a forward pass
+        heading = 1 if began else 0
         return Status(self.round + heading, state, time.monotonic() - self._active_at)
 
     def idle(self) -> bool:
