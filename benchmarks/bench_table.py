@@ -58,7 +58,8 @@ def table(data: dict) -> str:
     wire = all(s.get("comm_wire_s") is not None for s in data["settings"])  # --compression
     extra = ([f"{data['compression']} comm ms"] if wire else []) + (["through servers ms"] if through else []) \
         + (["CPU busy %"] if host else [])
-    lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')})", "",
+    dilated = f", time dilation K={data['dilation']:g} (times / K)" if data.get("dilation", 1) != 1 else ""
+    lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')}){dilated}", "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "
              + " | ".join(policies) + " |",
              "|---:|---:|---:|" + "---:|" * len(extra) + "---:|" + "---:|" * len(policies)]

@@ -99,7 +99,8 @@ def plot_bench(data: dict, path: str | Path) -> None:
     right.axhline(1.0, color="black", linewidth=0.8)
     kind = "replay" if data.get("replay") else "real"
     where = "emulated network" if data.get("emulated_network") else "loopback, no limit"
-    fig.suptitle(f"{data['model']} ({kind}) · {data['workers']} workers · {where} (measured)", fontsize=10)
+    dilated = f" · time dilation K={data['dilation']:g}, times / K" if data.get("dilation", 1) != 1 else ""
+    fig.suptitle(f"{data['model']} ({kind}) · {data['workers']} workers · {where}{dilated} (measured)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gradsched.bench import EmulatedCluster, available, remove_stale
-from gradsched.bench.netns import PREFIX, _run_id
+from gradsched.bench.netns import JUMBO_MTU, PREFIX, _run_id
 
 from netns_helpers import HAVE_NETNS, needs_netns
 
@@ -37,6 +37,33 @@ def test_cluster_is_built_limited_and_removed():
                               f"import socket; s=socket.create_connection(('{cluster.addresses[0]}', 9), 1)"]),
                               capture_output=True, text=True)
         assert "Connection refused" in ping.stderr  # routed to rank 0's namespace, nothing listening
+    assert leftovers() == []
+
+
+@needs_netns
+@pytest.mark.parametrize("mtu", [JUMBO_MTU, 1500])
+def test_links_carry_the_frames_asked_for(mtu):
+    with EmulatedCluster(2, 1e9, run_id="t5", mtu=mtu) as cluster:
+        inside = subprocess.run(cluster.command(0, ["ip", "link", "show", "eth0"]), capture_output=True, text=True).stdout
+        bridge = subprocess.run(["ip", "link", "show", cluster.bridge], capture_output=True, text=True).stdout
+        host = subprocess.run(["ip", "link", "show", f"{cluster.namespaces[1]}h"], capture_output=True, text=True).stdout
+        assert all(f"mtu {mtu} " in shown for shown in (inside, bridge, host))
+        # a TCP connection between two ranks negotiates segments as large as the frames allow
+        listener = subprocess.Popen(cluster.command(0, [sys.executable, "-c", (
+            "import socket; s = socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen(); print('up', flush=True); "
+            "c, _ = s.accept(); c.recv(1)")]), stdout=subprocess.PIPE, text=True)
+        try:
+            assert listener.stdout.readline().strip() == "up"
+            client = subprocess.run(cluster.command(1, [sys.executable, "-c", (
+                f"import socket; c = socket.create_connection(('{cluster.addresses[0]}', 9000), 5); "
+                "print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); c.send(b'x')")]),
+                capture_output=True, text=True, timeout=30)
+            segment = int(client.stdout)
+        finally:
+            listener.kill()
+            listener.wait()
+        # (Linux first bounds a segment to half the peer's window: a jumbo link shows ~half a frame)
+        assert segment <= 1460 if mtu == 1500 else segment > 16 * 1460
     assert leftovers() == []
 
 

@@ -13,7 +13,8 @@ from ..extras import require
 from ..files import problem_writing
 from ..progress import Progress
 from ..units import parse_duration
-from .netns import available
+from .dilation import AUTO_CPU_SHARE
+from .netns import JUMBO_MTU, available
 from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
 from .workloads import REAL, REPLAY
 
@@ -44,6 +45,14 @@ def add_parser(sub) -> None:
                        help="measure at this machine's balance point: the bandwidth where compute only and "
                             "communication only take equal time, found by short calibration runs starting from "
                             "--bandwidth")
+    bench.add_argument("--dilation", default="1", metavar="K|auto",
+                       help="time dilation: replayed compute K times slower, links at 1/K of the rate, latency K "
+                            "times longer, every time reported divided by K; auto: the smallest K that keeps the "
+                            f"host's CPUs under {AUTO_CPU_SHARE * 100:.0f}%% busy communicating only "
+                            "(default 1: none; docs/bench.md)")
+    bench.add_argument("--mtu", type=int, default=JUMBO_MTU,
+                       help=f"frame size of the emulated links in bytes (default {JUMBO_MTU}: jumbo frames, "
+                            "docs/bench.md)")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
     bench.add_argument("--policy", default=DEFAULT_POLICIES,
                        help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
@@ -90,8 +99,17 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
         servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip,
-        compression=args.compression,
+        compression=args.compression, dilation=_dilation(args.dilation), mtu=args.mtu,
     )
+
+
+def _dilation(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--dilation must be a factor such as 3, or auto, got {text!r}") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -116,7 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def warn(line: str) -> None:
         print(f"gradsched: warning: {line}", file=sys.stderr, flush=True)
 
-    total = None if config.balance else config.phases * len(config.bandwidths_bps)
+    total = None if config.balance or config.dilation == "auto" else config.phases * len(config.bandwidths_bps)
     with Progress("bench", total) as progress:
         settings = run_bench(config, progress=progress, warn=warn)
     if args.json:

@@ -25,7 +25,8 @@ from ..core.policies import FifoConfig
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
-from .netns import EmulatedCluster, available
+from .dilation import AUTO_CPU_SHARE, auto_dilation, check_dilation, undilate
+from .netns import JUMBO_MTU, EmulatedCluster, available
 from .processes import Processes, free_port, read_result, starts
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY
 from .workloads import workload
@@ -59,6 +60,8 @@ class BenchConfig:
     launcher: str = "direct"  # "direct": the runner starts every rank; "torchrun": one torchrun per host
     balance: bool = False  # measure at the bandwidth where compute and communication are equal, found
     #   by calibration runs starting from bandwidths_bps[0]
+    dilation: float | str = 1.0  # time dilation K (gradsched.bench.dilation), or "auto"
+    mtu: int = JUMBO_MTU  # frame size on the emulated links (gradsched.bench.netns)
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -96,11 +99,13 @@ class BenchConfig:
                              "drop --sweep-bandwidth and --loopback")
         if self.compression not in (None, "bf16", "fp16"):
             raise ValueError(f"--compression must be bf16 or fp16, got {self.compression!r}")
+        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not 576 <= self.mtu <= 65535:
+            raise ValueError(f"--mtu must be a frame size in 576..65535 bytes, got {self.mtu!r}")
         if not self.clip >= 0:
             raise ValueError(f"--clip must be a norm >= 0 (0: no clipping rows), got {self.clip}")
         if self.autotune_trials == 1 or self.autotune_trials < 0:
             raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
-        workload(self.model, self.batch, self.device)  # raises for an unknown model
+        check_dilation(self.dilation, workload(self.model, self.batch, self.device).replay)  # unknown models raise
 
     @property
     def ranks(self) -> int:
@@ -160,6 +165,8 @@ class Setting:
     cpu_comm_servers: float | None = None
     comm_wire_s: float | None = None  # --compression: communication only, the same buckets in the wire dtype
     cast_s_per_byte: float | None = None  # and casting to it and back, per wire byte
+    dilation: float = 1.0  # the time dilation K it ran under (its times are divided by K)
+    dilation_busy: float | None = None  # --dilation auto: the host's CPUs busy communicating only, undilated
 
     @property
     def bound_s(self) -> float:
@@ -174,7 +181,7 @@ def _payload(config: BenchConfig, runs: Sequence[str] | None, iters: int | None)
         "profile_rounds": config.profile_rounds, "fallback": config.fallback,
         "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
         "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
-        "clip": config.clip, "compression": config.compression,
+        "clip": config.clip, "compression": config.compression, "dilation": config.dilation,
     })
 
 
@@ -281,6 +288,31 @@ def _ran(config: BenchConfig, policy: str, result: dict, wire_ratio: float) -> P
 
 
 CALIBRATION_ITERS = 8
+
+
+def _measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[dict], None], emulated: bool = True,
+             runs: Sequence[str] | None = None, iters: int | None = None) -> dict:
+    """One run of the ranks at ``bandwidth`` (on loopback unless ``emulated``), dilated by the
+    config's K (links 1/K as fast, latency K times as long) and its times divided by K."""
+    k = float(config.dilation)
+    if not emulated:
+        return undilate(_launch(config, None, progress, runs, iters), k)
+    rate = None if bandwidth is None else bandwidth / k
+    with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu) as cluster:
+        return undilate(_launch(config, cluster, progress, runs, iters), k)
+
+
+def choose_dilation(config: BenchConfig, progress: Callable[[str], None] | None = None) -> tuple[BenchConfig, float]:
+    """``--dilation auto``: communication alone once, undilated, at the fastest link of the
+    config; the config with the K that keeps the host under the stated CPU share, and the
+    share measured."""
+    fastest = max((b for b in config.bandwidths_bps if b is not None), default=None)
+    if progress:
+        progress(f"dilation: calibrating at {fastest / 1e9:.3g} Gbit/s" if fastest else "dilation: calibrating")
+    undilated = dataclasses.replace(config, dilation=1.0)
+    raw = _measure(undilated, fastest, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
+    busy = raw.get("host_cpu", {}).get(COMM_ONLY)
+    return dataclasses.replace(config, dilation=float(auto_dilation(busy))), busy
 BALANCED_WITHIN = 0.05  # calibration stops once compute and communication differ by less than this
 
 
@@ -295,8 +327,7 @@ def find_balance(config: BenchConfig, progress: Callable[[str], None] | None = N
     for step in range(steps):
         if progress:
             progress(f"balance: calibrating at {bandwidth / 1e9:.3g} Gbit/s (at most {steps} runs)")
-        with EmulatedCluster(config.hosts, bandwidth, config.latency_s) as cluster:
-            raw = _launch(config, cluster, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
+        raw = _measure(config, bandwidth, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
         setting = _figures(config, bandwidth, True, raw)
         history.append({"bandwidth_gbps": bandwidth / 1e9, "compute_s": setting.compute_s, "comm_s": setting.comm_s})
         ratio = setting.comm_s / setting.compute_s
@@ -313,6 +344,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
         raise RuntimeError(f"--balance needs the emulated network ({why})")
     if not ok and warn:
         warn(f"no emulated network ({why}): running on loopback WITHOUT a bandwidth limit")
+    busy = None
+    if config.dilation == "auto":
+        config, busy = choose_dilation(config, progress) if ok else (dataclasses.replace(config, dilation=1.0), None)
     calibration = None
     if config.balance:
         balanced, calibration = find_balance(config, progress)
@@ -325,13 +359,10 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
             if progress:
                 progress(f"{label}: {message['policy']}")
 
-        if ok:
-            with EmulatedCluster(config.hosts, bandwidth, config.latency_s) as cluster:
-                raw = _launch(config, cluster, show)
-        else:
-            raw = _launch(config, None, show)
+        raw = _measure(config, bandwidth if ok else None, show, emulated=ok)
         settings.append(_figures(config, bandwidth if ok else None, ok and bandwidth is not None, raw))
         settings[-1].calibration = calibration
+        settings[-1].dilation, settings[-1].dilation_busy = float(config.dilation), busy
     return settings
 
 
@@ -348,6 +379,10 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "compression": config.compression,
         "procs_per_node": config.procs_per_node,
         "launcher": config.launcher,
+        "mtu": config.mtu,
+        "dilation": settings[0].dilation if settings else 1.0,
+        "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
+            "host_cpu_busy_comm_undilated": settings[0].dilation_busy, "target": AUTO_CPU_SHARE},
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
@@ -387,6 +422,13 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch}{hosts} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
+        if s.dilation != 1 or s.dilation_busy is not None:
+            chosen = "" if s.dilation_busy is None else (
+                f" (auto: communicating only kept the host {s.dilation_busy:.0%} busy undilated; "
+                f"target {AUTO_CPU_SHARE:.0%})")
+            lines.append(f"  time dilation K={s.dilation:g}{chosen}: replayed compute x{s.dilation:g}, links at "
+                         f"1/{s.dilation:g} of the rate, latency x{s.dilation:g}; every time shown divided by K "
+                         "(per-message CPU, Python and TCP timers are not scaled)")
         if config.compression:
             lines.append(f"  compression: gradsched's policies send {config.compression} (the bound is for uncompressed "
                          "gradients; ddp-bf16/ddp-fp16 are DDP with the matching compression hook)")

@@ -83,7 +83,7 @@ class _Rank:
         self.servers = config.get("servers", 0) if config.get("arch") == "ps" else 0
         self.workers = world - self.servers
         self.group = dist.new_group(list(range(self.workers))) if self.servers else None  # every rank creates it
-        self.work = workload(config["model"], config["batch"], config["device"])
+        self.work = workload(config["model"], config["batch"], config["device"], float(config.get("dilation", 1.0)))
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
         self.iters, self.warmup = config["iters"], config["warmup"]

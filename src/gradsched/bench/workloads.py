@@ -181,11 +181,13 @@ class ReplayLayer(nn.Module):
 
 
 class ReplayNet(nn.Module):
-    def __init__(self, table: ModelTable) -> None:
+    def __init__(self, table: ModelTable, dilation: float = 1.0) -> None:
+        """``dilation``: each layer takes that many times its profiled time (gradsched.bench.dilation)."""
         super().__init__()
         self.pacer = Pacer()
         self.layers = nn.ModuleList(
-            ReplayLayer(layer.name, layer.forward_s, layer.backward_s, [p.numel for p in layer.params], self.pacer)
+            ReplayLayer(layer.name, layer.forward_s * dilation, layer.backward_s * dilation,
+                        [p.numel for p in layer.params], self.pacer)
             for layer in table.layers
         )
 
@@ -228,8 +230,9 @@ def _classify(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y)
 
 
-def workload(name: str, batch: int = 32, device: str = "v100") -> Workload:
-    """The workload called ``name`` (see ``REAL`` and ``REPLAY``)."""
+def workload(name: str, batch: int = 32, device: str = "v100", dilation: float = 1.0) -> Workload:
+    """The workload called ``name`` (see ``REAL`` and ``REPLAY``); a replayed one runs
+    ``dilation`` times slower (its ``table`` stays the profile's)."""
     if name == "mlp":
         return Workload(name, REAL[name], False, _mlp,
                         lambda g: (torch.randn(64, 1024, generator=g), torch.randint(0, 10, (64,), generator=g)),
@@ -241,9 +244,9 @@ def workload(name: str, batch: int = 32, device: str = "v100") -> Workload:
     if name in REPLAY:
         table = mini_table() if name == "replay-mini" else model_table(name.removeprefix("replay-"), batch, device)
         detail = "" if name == "replay-mini" else f" ({device}, batch {batch}: {table.compute_s * 1e3:.0f} ms compute)"
-        rate = get_device(device).memory_gbs * 1e9
+        rate = get_device(device).memory_gbs * 1e9 / dilation
         return Workload(name, REPLAY[name] + detail,
-                        True, lambda: ReplayNet(table), lambda g: (torch.zeros(1), torch.zeros(1)),
+                        True, lambda: ReplayNet(table, dilation), lambda g: (torch.zeros(1), torch.zeros(1)),
                         lambda out, y: out.sum(), table,
                         lambda model: ReplayOptimizer(model.parameters(), model.pacer, rate))
     known = ", ".join([*REAL, *REPLAY])

@@ -1,0 +1,79 @@
+"""Time dilation: the emulated cluster run K times slower, its times reported divided by K.
+
+On a small host the emulation competes with itself: the ranks, gloo's threads and the
+kernel's work for every emulated link share the host's CPUs, and a setting that keeps them
+near 100% measures the host, not the schedule. Dilating by K gives every replayed layer K
+times its profiled time, every link 1/K of its rate, and every added latency K times its
+delay, so the run is the same schedule with K times longer gaps between the same CPU work;
+every time measured (iterations, compute and communication alone, per-message costs, the
+runtime's own predictions and trials) is then divided by K before it is reported.
+
+What dilation does not scale: the CPU time of each message, of Python and of the runtime's
+hooks (their share of an iteration shrinks by K: that is the point), TCP's own timers
+(retransmission, delayed acknowledgements) and the casts of compressed messages. A dilated
+figure is therefore what the schedule achieves on a host K times faster than this one.
+Only replayed models dilate: real ones compute at the CPU's own speed.
+
+``--dilation auto`` runs communication alone once, undilated, at the fastest link of the
+setting, and picks the smallest whole K at which the host's CPUs would be at most
+:data:`AUTO_CPU_SHARE` busy, taking the busy share to fall as 1/K.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+AUTO_CPU_SHARE = 0.35  # what --dilation auto keeps the host's CPUs under while communicating only
+MAX_DILATION = 20.0
+
+_SERIES = ("compute", "comm", "comm_servers", "comm_wire")  # lists of seconds in a run's raw figures
+_SCALARS = ("latency", "overhead", "cast_s_per_byte")
+_REPORTS = {"prediction": ("compute_s", "latency_s", "overhead_s", "comm_s", "policy_s", "fifo_s"),
+            "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s")}
+
+
+def check_dilation(dilation: float | str, replay: bool) -> None:
+    """Raise ValueError for a dilation the bench cannot run."""
+    if dilation == "auto":
+        if not replay:
+            raise ValueError("--dilation auto needs a replayed model (replay-*): real models cannot be slowed down")
+        return
+    if isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or not 1 <= dilation <= MAX_DILATION:
+        raise ValueError(f"--dilation must be a factor in 1..{MAX_DILATION:g} or 'auto', got {dilation!r}")
+    if dilation != 1 and not replay:
+        raise ValueError("--dilation needs a replayed model (replay-*): real models compute at the CPU's own speed")
+
+
+def auto_dilation(cpu_busy_comm: float | None) -> int:
+    """The smallest whole K that brings a communication-only round measured ``cpu_busy_comm``
+    busy (0..1, undilated) down to :data:`AUTO_CPU_SHARE`."""
+    if cpu_busy_comm is None:
+        return 1
+    return int(min(MAX_DILATION, max(1, math.ceil(cpu_busy_comm / AUTO_CPU_SHARE - 1e-9))))
+
+
+def undilate(raw: dict[str, Any], k: float) -> dict[str, Any]:
+    """A run's raw figures (what rank 0 reports) with every time divided by ``k``."""
+    if k == 1:
+        return raw
+    out = dict(raw)
+    for key in _SERIES:
+        if key in out:
+            out[key] = [t / k for t in out[key]]
+    for key in _SCALARS:
+        if out.get(key) is not None:
+            out[key] = out[key] / k
+    out["policies"] = {policy: _undilate_result(result, k) for policy, result in raw.get("policies", {}).items()}
+    return out
+
+
+def _undilate_result(result: dict[str, Any], k: float) -> dict[str, Any]:
+    out = dict(result, times=[t / k for t in result["times"]])
+    for report, fields in _REPORTS.items():
+        if isinstance(out.get(report), dict):
+            out[report] = {f: (v / k if f in fields and v is not None else v) for f, v in out[report].items()}
+    confirm = (out.get("autotune") or {}).get("confirm")
+    if isinstance(confirm, dict) and confirm.get("iteration_s") is not None:
+        out["autotune"]["confirm"] = dict(confirm, iteration_s=confirm["iteration_s"] / k)
+    return out

@@ -1,0 +1,106 @@
+"""Time dilation (gradsched.bench.dilation): what a dilated run reports, how auto picks K, what
+is refused; the replay runs K times slower; and, on the emulated cluster, communication alone
+and a DDP run measured at K=1 and K=3 agree once divided by K."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gradsched.bench.dilation import AUTO_CPU_SHARE, auto_dilation, check_dilation, undilate
+from gradsched.bench.runner import BenchConfig
+from gradsched.bench.workloads import workload
+
+from netns_helpers import needs_netns
+
+
+def test_every_time_of_a_run_is_divided_by_k():
+    raw = {"compute": [0.3, 0.6], "comm": [0.9], "comm_servers": [1.2], "latency": 3e-3, "overhead": 6e-3,
+           "cast_s_per_byte": 3e-9, "gradient_bytes": 1000, "world_size": 2, "host_cpu": {"ddp": 0.4},
+           "policies": {"ddp": {"times": [1.5, 3.0], "bucket_cap_mb": 25},
+                        "prophet": {"times": [0.9], "plan": "prophet",
+                                    "prediction": {"policy_s": 0.6, "fifo_s": 0.9, "separable": True},
+                                    "trial": {"policy_s": 0.3, "fifo_s": 0.6, "use_fifo": False},
+                                    "autotune": {"best_s": 0.3, "default_s": None, "best_options": {"a": 3},
+                                                 "confirm": {"options": {"a": 3}, "iteration_s": 0.9}}}}}
+    out = undilate(raw, 3.0)
+    assert out["compute"] == pytest.approx([0.1, 0.2]) and out["comm"] == pytest.approx([0.3])
+    assert out["comm_servers"] == pytest.approx([0.4])
+    assert (out["latency"], out["overhead"], out["cast_s_per_byte"]) == pytest.approx((1e-3, 2e-3, 1e-9))
+    assert (out["gradient_bytes"], out["world_size"], out["host_cpu"]) == (1000, 2, {"ddp": 0.4})  # not times
+    assert out["policies"]["ddp"] == {"times": pytest.approx([0.5, 1.0]), "bucket_cap_mb": 25}
+    prophet = out["policies"]["prophet"]
+    assert prophet["times"] == pytest.approx([0.3]) and prophet["plan"] == "prophet"
+    assert prophet["prediction"] == {"policy_s": pytest.approx(0.2), "fifo_s": pytest.approx(0.3), "separable": True}
+    assert prophet["trial"] == {"policy_s": pytest.approx(0.1), "fifo_s": pytest.approx(0.2), "use_fifo": False}
+    assert prophet["autotune"]["best_s"] == pytest.approx(0.1) and prophet["autotune"]["default_s"] is None
+    assert prophet["autotune"]["confirm"] == {"options": {"a": 3}, "iteration_s": pytest.approx(0.3)}
+    assert raw["comm"] == [0.9] and raw["policies"]["prophet"]["trial"]["policy_s"] == 0.3  # the input is kept
+    assert undilate(raw, 1.0) is raw
+
+
+@pytest.mark.parametrize("busy, k", [(None, 1), (0.1, 1), (AUTO_CPU_SHARE, 1), (0.36, 2), (0.7, 2), (0.71, 3),
+                                     (1.0, 3), (50.0, 20)])
+def test_auto_picks_the_smallest_k_under_the_stated_share(busy, k):
+    assert auto_dilation(busy) == k
+
+
+@pytest.mark.parametrize("dilation, replay, match", [
+    (0.5, True, "a factor in 1..20"), (21, True, "a factor in 1..20"), ("3", True, "a factor"), (True, True, "factor"),
+    (3.0, False, "real models compute at the CPU's own speed"), ("auto", False, "cannot be slowed down"),
+])
+def test_bad_dilations_are_refused(dilation, replay, match):
+    with pytest.raises(ValueError, match=match):
+        check_dilation(dilation, replay)
+
+
+def test_the_bench_config_refuses_dilating_a_real_model():
+    with pytest.raises(ValueError, match="real models"):
+        BenchConfig(model="mlp", dilation=2.0)
+    BenchConfig(model="replay-mini", dilation=2.0)
+    BenchConfig(model="replay-mini", dilation="auto")
+
+
+def test_a_dilated_replay_takes_k_times_as_long():
+    def seconds(k: float) -> float:
+        work = workload("replay-mini", dilation=k)
+        model = work.build()
+        x, y = work.batch(torch.Generator())
+        start = time.perf_counter()
+        for _ in range(3):
+            work.loss(model(x), y).backward()
+        return (time.perf_counter() - start) / 3
+
+    plain = min(seconds(1.0) for _ in range(2))
+    assert workload("replay-mini", dilation=3.0).table.compute_s == workload("replay-mini").table.compute_s
+    assert 2.5 * plain < seconds(3.0) < 3.6 * plain
+
+
+def _bench(k: float) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--bandwidth", "1Gbit",
+         "--dilation", str(k), "--iters", "8", "--warmup", "2", "--policy", "ddp", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@needs_netns
+def test_communication_and_ddp_agree_at_k_1_and_3_divided_by_k():
+    """At 1 Gbit/s replay-mini's communication keeps this host well under its CPUs (so K=1 is
+    not CPU-bound): K=3 runs 3x slower links and compute and must report the same times."""
+    plain, dilated = _bench(1), _bench(3)
+    assert (plain["dilation"], dilated["dilation"]) == (1.0, 3.0)
+    a, b = plain["settings"][0], dilated["settings"][0]
+    assert a["host_cpu_busy_comm"] < 0.5
+    assert b["comm_s"] == pytest.approx(a["comm_s"], rel=0.15)
+    assert b["compute_s"] == pytest.approx(a["compute_s"], rel=0.25)
+    ddp = [r["iteration_s"] for data in (plain, dilated) for r in data["results"] if r["policy"] == "ddp"]
+    assert ddp[1] == pytest.approx(ddp[0], rel=0.15)
+    wrong = 3 * a["comm_s"]  # what an undivided dilated run would report
+    assert abs(b["comm_s"] - wrong) > abs(b["comm_s"] - a["comm_s"])
