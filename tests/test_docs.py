@@ -39,7 +39,7 @@ def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_
 @pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50",
                                   "dataplane-before-sweep", "dataplane-after-sweep", "bench-vgg16-balance-jumbo",
                                   "bench-vgg16-balance-jumbo-k3", "bench-resnet50-balance-jumbo-k3",
-                                  "bench-ps-resnet50-jumbo-k3"])
+                                  "bench-ps-resnet50-jumbo-k3", "bench-transformer-jumbo-k3"])
 def test_the_bench_docs_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
 
