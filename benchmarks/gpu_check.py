@@ -28,10 +28,10 @@ is how the test suite keeps the script itself working on machines without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradsched
+from gradsched.bench.processes import free_port
 from gradsched.models.table import ModelTable
 
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
@@ -53,12 +54,6 @@ SLEEP_CYCLES = 200_000_000  # about 0.1-0.2 s of a GPU's clock: the side stream'
 
 
 # -- processes -------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank: int, world: int, port: int, backend: str, device: str, part: str, quick: bool,
                out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -81,7 +76,7 @@ def run_part(part: str, world: int, backend: str, device: str, quick: bool, time
     """Run one part on ``world`` fresh processes; its rows (a failed or hung part is one failed row)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        context = mp.start_processes(_rank_main, (world, _free_port(), backend, device, part, quick, out), world,
+        context = mp.start_processes(_rank_main, (world, free_port(), backend, device, part, quick, out), world,
                                      join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
@@ -134,7 +129,7 @@ def amp_steps(model: nn.Module, optimizer: torch.optim.Optimizer, data: list, de
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
     join = model.join() if hasattr(model, "join") else None
-    with join if join is not None else _nothing():
+    with join if join is not None else contextlib.nullcontext():
         for x, y in data:
             if marks is not None:  # (when, its event) before and after each forward pass
                 marks.append([_mark(device, stream)])
@@ -156,16 +151,8 @@ def amp_steps(model: nn.Module, optimizer: torch.optim.Optimizer, data: list, de
             optimizer.zero_grad(set_to_none=True)
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 def _on(stream: Any) -> Any:
-    return torch.cuda.stream(stream) if stream is not None else _nothing()
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:

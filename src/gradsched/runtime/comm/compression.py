@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import GradschedError, entry
-from .transport import MessageKey, Reduced, Transport, Transports
+from .transport import MessageKey, Reduced, Transport, BaseTransport
 
 WIRE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -93,7 +93,7 @@ def _cast_back(original: torch.Tensor, travelled: torch.Tensor, future: torch.fu
     return original
 
 
-class Compressed(Transports):
+class Compressed(BaseTransport):
     """``inner`` with every buffer travelling as ``wire``: divided as ``inner`` divides, cast,
     sent by ``inner``, and cast back in a callback of the buffer's own future."""
 

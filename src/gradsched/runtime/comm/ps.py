@@ -40,7 +40,7 @@ from .. import wire_format
 from ..errors import GradschedError
 from ..wire_format import PlanUpdate
 from .plans import Adopted, PlanVersions
-from .transport import MessageKey, Reduced, Transports
+from .transport import MessageKey, Reduced, BaseTransport
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -115,7 +115,7 @@ def _if_done(future: torch.futures.Future, then: Callable[[], None]) -> None:
     then()
 
 
-class PushPull(Transports):
+class PushPull(BaseTransport):
     """The worker's transport: push each message to the servers, pull the average back.
 
     It follows the plans every worker adopts (rank 0 forwards each one to the servers) and

@@ -53,7 +53,7 @@ class Transport(Protocol):
         """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
 
 
-class Transports:
+class BaseTransport:
     """What every transport's :meth:`Transport.reduce` is."""
 
     def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
@@ -62,7 +62,7 @@ class Transports:
         return self.send(key, buffers, on_sent)
 
 
-class AllReduce(Transports):
+class AllReduce(BaseTransport):
     """One async all-reduce per buffer on the workers' data group, in place.
 
     Each buffer's future is its collective's own: it completes when the backend finishes it
