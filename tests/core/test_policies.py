@@ -96,6 +96,53 @@ def test_bytescheduler_keeps_credit_and_priority():
     assert engine.in_flight_bytes == 800
 
 
+def _teach(engine, per_message, seconds_per_byte):
+    """Give the engine's link estimate an exact per-message cost and throughput."""
+    for size in (1000, 4000, 2000):
+        engine.estimator.observe(size, per_message + size * seconds_per_byte, isolated=False)
+
+
+def test_bytescheduler_holds_small_messages_off_a_busy_link():
+    # per-message cost 1 ms, 1 us per byte: a message is worth its launch from 9000 bytes
+    tensors = specs(25, 25, 25, 25, 5000)  # elements of 4 bytes
+    engine = Scheduler(tensors, ByteSchedulerConfig(partition_bytes=20000, credit_bytes=40000).build())
+    _teach(engine, 1e-3, 1e-6)
+    engine.begin_iteration(0.0)
+    launched = run(engine, [("ready", "t4"), ("ready", "t3"), ("ready", "t2"), ("ready", "t1")])
+    assert [m.names for m in launched] == [["t4"]]  # the small ones wait behind the busy link
+    launched += engine.on_ready("t0", 5.0).start
+    assert [m.names for m in launched] == [["t4"]]
+    launched += engine.on_finished(launched[0], 6.0).start  # the link has nothing else: they go, fused
+    assert [m.names for m in launched] == [["t4"], ["t0", "t1", "t2", "t3"]]
+
+
+def test_bytescheduler_fuses_up_to_the_amortised_size_and_sends_what_is_full():
+    tensors = specs(*[750] * 6, 5000)
+    engine = Scheduler(tensors, ByteSchedulerConfig(partition_bytes=20000, credit_bytes=60000).build())
+    _teach(engine, 1e-3, 1e-6)  # amortised size 9000 bytes: three of these tensors
+    engine.begin_iteration(0.0)
+    launched = run(engine, [("ready", "t6")] + [("ready", f"t{i}") for i in (5, 4, 3, 2)])
+    # t5..t3 fill a message worth its launch, so it goes though the link is busy; t2 waits
+    assert [m.names for m in launched] == [["t6"], ["t3", "t4", "t5"]]
+    assert engine.queued == 1 and engine.peek().name == "t2"
+
+
+def test_bytescheduler_without_amortising_sends_every_slice_alone():
+    tensors = specs(25, 25, 25, 5000)
+    engine = Scheduler(tensors, ByteSchedulerConfig(partition_bytes=20000, credit_bytes=40000, amortise=0).build())
+    _teach(engine, 1e-3, 1e-6)
+    engine.begin_iteration(0.0)
+    launched = run(engine, [("ready", "t3"), ("ready", "t2"), ("ready", "t1"), ("ready", "t0")])
+    assert [m.names for m in launched] == [["t3"], ["t2"], ["t1"], ["t0"]]
+
+
+def test_a_lone_small_message_goes_at_once_on_an_idle_link():
+    engine = Scheduler(specs(25, 5000), ByteSchedulerConfig(partition_bytes=20000, credit_bytes=40000).build())
+    _teach(engine, 1e-3, 1e-6)
+    engine.begin_iteration(0.0)
+    assert [m.names for m in run(engine, [("ready", "t0")])] == [["t0"]]
+
+
 def test_prophet_profiles_then_plans_stages():
     config = ProphetConfig(partition_bytes=400, credit_bytes=400, profile_iterations=2)
     tensors = specs(100, 100, 100, 100)

@@ -11,7 +11,6 @@ OUT.rank{r}.pt, and what each scenario raised, if anything, to OUT.rank{r}.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import io
 import json
 import time

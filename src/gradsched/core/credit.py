@@ -9,6 +9,11 @@ from .task import CommTask
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Scheduler
+    from .estimator import LinkEstimator
+
+#: A message worth its own launch carries at least this many times the link's per-message
+#: cost in bytes' time (the per-message cost is then at most a tenth of its link time).
+AMORTISE = 9.0
 
 #: admit(bytes taken so far including the candidate, messages so far including it) -> bool
 Admit = Callable[[int, int], bool]
@@ -48,6 +53,20 @@ def take_in_order(engine: Scheduler, admit: Admit, fuse_bytes: int = 0, skip: in
     return groups
 
 
+def amortised_bytes(estimate: LinkEstimator, amortise: float) -> int:
+    """The smallest message whose link time is at least ``amortise`` times the link's
+    per-message cost (0 where the estimate finds no per-message cost or no throughput)."""
+    if estimate.seconds_per_byte <= 0.0:
+        return 0
+    return int(amortise * estimate.per_message / estimate.seconds_per_byte)
+
+
+def worth_a_message(estimate: LinkEstimator, group: list[CommTask], amortise: float) -> bool:
+    """Whether ``group`` moves enough bytes that the link's per-message cost is at most
+    1/``amortise`` of its time (always true where the estimate finds no per-message cost)."""
+    return estimate.per_message * amortise <= estimate.seconds_per_byte * sum(t.nbytes for t in group)
+
+
 class CreditWindow(FlowControl):
     """Start queued leaves in order while the bytes in flight stay within ``credit_bytes``.
 
@@ -55,13 +74,22 @@ class CreditWindow(FlowControl):
     ``fuse_bytes`` > 0 fuses consecutive leaves into one message up to that size;
     ``max_messages`` also caps how many messages may be in flight at once. With
     ``until_sent`` a message counts only until it is sent (see ``FlowControl.until_sent``).
+
+    ``amortise`` > 0 keeps small messages off a busy link (as Nagle's rule keeps small
+    segments off a connection with data outstanding): leaves are fused up to the size whose
+    link time is ``amortise`` times the link's per-message cost (the engine's estimate, at
+    least ``fuse_bytes``), and a last message smaller than that waits while anything is in
+    flight ahead of it. It goes when more leaves fill it, or when the link has nothing else
+    to send; until then it costs the link nothing, because the link is busy anyway.
     """
 
     def __init__(self, credit_bytes: int, fuse_bytes: int = 0, max_messages: int | None = None,
-                 until_sent: bool = False) -> None:
+                 until_sent: bool = False, amortise: float = 0.0) -> None:
         require(credit_bytes >= 1, f"credit must be >= 1 byte, got {credit_bytes}")
         require(fuse_bytes >= 0, f"fusion size must be >= 0, got {fuse_bytes}")
         require(max_messages is None or max_messages >= 1, f"max_messages must be >= 1, got {max_messages}")
+        require(amortise >= 0.0, f"amortise must be >= 0, got {amortise}")
+        self.amortise = amortise
         self.credit_bytes = credit_bytes
         self.fuse_bytes = fuse_bytes
         self.max_messages = max_messages
@@ -78,7 +106,13 @@ class CreditWindow(FlowControl):
                 return False
             return in_flight + total <= credit or (busy == 0 and total == engine.peek().nbytes)
 
-        return take_in_order(engine, admit, self.fuse_bytes)
+        estimate = engine.estimator
+        amortise = self.amortise if estimate.ready else 0.0
+        fuse = max(self.fuse_bytes, amortised_bytes(estimate, amortise)) if amortise else self.fuse_bytes
+        groups = take_in_order(engine, admit, fuse)
+        if amortise and groups and (busy or len(groups) > 1) and not worth_a_message(estimate, groups[-1], amortise):
+            engine.requeue(groups.pop())  # too small to pay for its message while the link is busy: wait
+        return groups
 
     def window(self) -> float:
         return float(self.credit_bytes)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from ..base import FlowControl, Policy, PolicyConfig, require
-from ..credit import CreditWindow, take_in_order
+from ..credit import AMORTISE, CreditWindow, take_in_order, worth_a_message
 from ..ordering import ByPriority
 from ..partitioning import FixedSize
 from ..stages import ReadyProfile, StagePlan, detect_stages
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MiB = 1 << 20
 _SKIP = 16  # leaves a block may pass over to fill its budget with smaller ones
-AMORTISE = 9  # the floor's messages carry at least this many times the link's per-message cost
 
 
 class StageBlocks(FlowControl):
@@ -139,7 +138,7 @@ class StageBlocks(FlowControl):
                 lambda total, messages: in_flight + total <= floor or (in_flight == 0 and total == engine.peek().nbytes),
                 self.fuse_bytes,
             )
-            if in_flight and groups and not self._worth_a_message(engine, groups):
+            if in_flight and groups and not all(worth_a_message(engine.estimator, g, AMORTISE) for g in groups):
                 engine.requeue([t for g in groups for t in g])  # too small to pay for its message: wait for more
                 groups = []
         block = sum(t.nbytes for group in groups for t in group)
@@ -147,12 +146,6 @@ class StageBlocks(FlowControl):
             self.blocks.append((engine.iteration, stage, block))
         self._block_window = engine.in_flight_bytes + block
         return groups
-
-    def _worth_a_message(self, engine: Scheduler, groups: list[list[CommTask]]) -> bool:
-        """Each message moves enough bytes that the link's per-message cost is under a tenth
-        of its time (always true where the estimate finds no per-message cost)."""
-        est = engine.estimator
-        return all(est.per_message * AMORTISE <= est.seconds_per_byte * sum(t.nbytes for t in g) for g in groups)
 
     def window(self) -> float:
         return float(max(self.tail.credit_bytes, self._block_window))
