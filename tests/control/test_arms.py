@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gradsched.control import ArmKind, ArmsExperiment, TrialReport, arm_kinds
+from gradsched.control.arms import median_error, ratio_noise
 from gradsched.tune import Tuner, default_space
 
 START = {"partition_bytes": 4 << 20, "credit_bytes": 16 << 20}
@@ -33,6 +34,11 @@ def test_arm_kinds():
     assert arm_kinds(fallback=True) == (P, B)
     assert arm_kinds(fallback=True, autotune_trials=3) == (P, B, C, C, X)
     assert arm_kinds(fallback=False, autotune_trials=2) == (P, C, X)
+    assert arm_kinds(fallback=True, pairs=2) == (P, B, P, B)
+    assert arm_kinds(fallback=True, autotune_trials=3, pairs=2) == (P, B, P, B, C, C, X)
+    assert arm_kinds(fallback=False, autotune_trials=2, pairs=3) == (P, C, X)
+    with pytest.raises(ValueError, match="pairs must be >= 1"):
+        arm_kinds(fallback=True, pairs=0)
 
 
 def test_an_arm_is_the_median_of_its_iterations():
@@ -48,7 +54,7 @@ def test_the_policy_must_beat_the_buckets_by_the_gain(policy_s, fifo_s, use_fifo
     assert (policy.kind, policy.options) == (ArmKind.POLICY, {})
     assert (buckets.kind, buckets.options) == (ArmKind.BUCKETS, None)
     decision = experiment.decide()
-    assert decision.trial == TrialReport(policy_s, fifo_s, use_fifo)
+    assert decision.trial == TrialReport(policy_s, fifo_s, use_fifo, ((policy_s, fifo_s),))
     assert decision.options == (None if use_fifo else {})
     assert decision.plan == ("plan 1" if use_fifo else "plan 0")  # the very plan that was measured
     assert decision.tuning is None
@@ -99,6 +105,67 @@ def test_the_kept_options_must_also_beat_the_buckets():
     assert decision.trial == TrialReport(pytest.approx(0.915), 0.92, True)
     assert decision.options is None and decision.plan == "plan 1"
     assert decision.tuning.best_options == arms[2].options  # what the tuner found, reported anyway
+
+
+def paired(arms: list[list[float]], prior: bool | None = None):
+    """An experiment of interleaved (policy, buckets) pairs told these iteration times."""
+    experiment = ArmsExperiment(arm_kinds(fallback=True, pairs=len(arms) // 2), {}, 0.02)
+    asked = []
+    for k, times in enumerate(arms):
+        arm = experiment.ask()
+        asked.append(arm)
+        experiment.tell(arm, times, plan=arm.plan or f"plan {k}")
+    return asked, experiment.decide(prior)
+
+
+def test_interleaved_arms_run_the_plans_their_first_arms_ran():
+    asked, _ = paired([[1.0]] * 4)
+    assert [a.kind for a in asked] == [ArmKind.POLICY, ArmKind.BUCKETS] * 2
+    assert [a.options for a in asked] == [{}, None, {}, None]
+    assert [a.plan for a in asked] == [None, None, "plan 0", "plan 1"]
+
+
+def test_pairs_absorb_a_host_that_slows_down_between_arms():
+    # the host runs 30% slower from the third arm on; in each pair the policy is 10% faster.
+    # Unpaired, the policy's second arm (0.36) is slower than the buckets' first (0.33).
+    _, decision = paired([[0.30, 0.30, 0.30], [0.333, 0.333, 0.333], [0.39, 0.39, 0.39], [0.433, 0.433, 0.433]])
+    assert decision.options == {} and decision.plan == "plan 0"
+    assert decision.trial == TrialReport(pytest.approx(0.345), pytest.approx(0.383), False,
+                                         ((0.30, 0.333), (0.39, 0.433)))
+
+
+def test_buckets_kept_when_every_pair_says_so():
+    _, decision = paired([[0.33, 0.33, 0.34], [0.30, 0.30, 0.31], [0.34, 0.33, 0.33], [0.31, 0.30, 0.30]],
+                         prior=True)
+    assert decision.options is None and decision.plan == "plan 1"
+    assert decision.trial.use_fifo and decision.trial.by == "measured"  # the prior does not overrule
+
+
+NOISY_GAIN = [[0.27, 0.30, 0.33], [0.32, 0.33, 0.34], [0.28, 0.29, 0.31], [0.30, 0.31, 0.32]]
+
+
+@pytest.mark.parametrize("prior,use_fifo,by", [(True, False, "prior"), (False, True, "prior"), (None, False, "mean")])
+def test_inside_the_noise_the_prediction_decides(prior, use_fifo, by):
+    # ratios 0.909 and 0.935, each within its noise (about 0.05) of the 0.98 threshold
+    _, decision = paired(NOISY_GAIN, prior)
+    assert (decision.trial.use_fifo, decision.trial.by) == (use_fifo, by)
+    assert decision.options == (None if use_fifo else {})
+
+
+@pytest.mark.parametrize("prior,use_fifo", [(True, False), (False, True), (None, True)])
+def test_pairs_that_disagree_leave_it_to_the_prediction(prior, use_fifo):
+    # pair 1: the policy 15% faster; pair 2: 10% slower; their mean ratio 0.975 + ... > 0.98
+    _, decision = paired([[0.85, 0.85, 0.85], [1.0, 1.0, 1.0], [1.12, 1.12, 1.12], [1.0, 1.0, 1.0]], prior)
+    assert decision.trial.use_fifo == use_fifo
+    assert decision.trial.by == ("mean" if prior is None else "prior")
+
+
+def test_the_noise_of_a_median():
+    assert median_error([1.0]) == 0.0
+    assert median_error([1.0, 1.0, 1.0]) == 0.0
+    # median 1.0, absolute deviations 0.1, 0, 0.1: MAD 0.1
+    assert median_error([0.9, 1.0, 1.1]) == pytest.approx(1.2533 * 1.4826 * 0.1 / 3 ** 0.5)
+    assert ratio_noise([0.9, 1.0, 1.1], [2.0, 2.0]) == pytest.approx(median_error([0.9, 1.0, 1.1]))
 
 
 def test_misuse_is_refused():

@@ -52,11 +52,12 @@ def test_falls_back_to_ddp_buckets_where_scheduling_cannot_help(tmp_path):
     The simulator's prediction of the same comparison is reported too."""
     out = tmp_path / "out.json"
     check_ranks(run_ranks("train_compare.py", 2, str(out), "--fallback", "--policies", "priority",
-                          "--optimizers", "adam", "--steps", "12", timeout=240))
+                          "--optimizers", "adam", "--steps", "18", timeout=240))
     for rank in load(out)["ranks"]:
         result = rank["priority/adam"]
         trial = result["trial"]
         assert trial["use_fifo"] and trial["policy_s"] > trial["fifo_s"] * 0.98, trial
+        assert len(trial["pairs"]) == 2 and trial["by"] in ("measured", "prior", "mean"), trial  # interleaved
         assert result["plan_policy"] == "fifo"
         assert result["prediction"]["policy_s"] > 0 and result["prediction"]["fifo_s"] > 0
         assert result["max_abs_diff"] <= TOLERANCE

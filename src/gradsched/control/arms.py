@@ -16,7 +16,10 @@ plan, every rank switching plans at the same control points
 An arm's time is the median of its measured iteration times. Options are scored by the
 mean of their arms. The decision keeps the starting options unless a candidate measured
 twice (its arm and the confirming one) beat them by ``gain`` on that mean, and the
-buckets unless the kept options beat them by as much.
+buckets unless the kept options beat them by as much. The policy and the buckets run in
+interleaved pairs (``pairs``), and a pair counts only where the difference is larger than
+its noise; where no side wins in every pair, the simulator's prediction decides
+(:meth:`ArmsExperiment.decide`), so noise on a loaded host cannot flip a clear gain.
 
 Rank 0 runs the experiment with an ask/tell loop; it holds no clock, no thread and no
 torch, so exact sequences of measured times can be checked without processes:
@@ -24,15 +27,15 @@ torch, so exact sequences of measured times can be checked without processes:
 >>> experiment = ArmsExperiment(arm_kinds(fallback=True), start={}, gain=0.02)
 >>> policy = experiment.ask(); policy.kind, policy.options
 (<ArmKind.POLICY: 'policy'>, {})
->>> experiment.tell(policy, [0.30, 0.31, 0.50], plan="policy plan")
-0.31
+>>> experiment.tell(policy, [0.30, 0.31, 0.30], plan="policy plan")
+0.3
 >>> buckets = experiment.ask(); buckets.kind, buckets.options
 (<ArmKind.BUCKETS: 'fifo'>, None)
 >>> experiment.tell(buckets, [0.33, 0.32], plan="bucket plan")
 0.325
 >>> decision = experiment.decide()
 >>> decision.options, decision.plan, decision.trial
-({}, 'policy plan', TrialReport(policy_s=0.31, fifo_s=0.325, use_fifo=False))
+({}, 'policy plan', TrialReport(policy_s=0.3, fifo_s=0.325, use_fifo=False, pairs=((0.3, 0.325),), by='measured'))
 """
 
 from __future__ import annotations
@@ -50,13 +53,16 @@ class ArmKind(enum.Enum):
     CONFIRM = "confirm"  # the fastest options so far, again
 
 
-def arm_kinds(fallback: bool, autotune_trials: int = 0) -> tuple[ArmKind, ...]:
-    """The arms, in order: the policy, the buckets (with ``fallback``), and with
-    ``autotune_trials`` > 0 that many tuner candidates (the policy's arm is the first)
-    followed by a confirming arm. No arm at all when there is nothing to compare."""
+def arm_kinds(fallback: bool, autotune_trials: int = 0, pairs: int = 1) -> tuple[ArmKind, ...]:
+    """The arms, in order: the policy, the buckets (with ``fallback``: ``pairs`` times, the
+    two interleaved), and with ``autotune_trials`` > 0 that many tuner candidates (the
+    policy's first arm is the first) followed by a confirming arm. No arm at all when there
+    is nothing to compare."""
     if not fallback and not autotune_trials:
         return ()
-    kinds = [ArmKind.POLICY] + ([ArmKind.BUCKETS] if fallback else [])
+    if pairs < 1:
+        raise ValueError(f"pairs must be >= 1, got {pairs}")
+    kinds = [ArmKind.POLICY, ArmKind.BUCKETS] * pairs if fallback else [ArmKind.POLICY]
     if autotune_trials:
         kinds += [ArmKind.CANDIDATE] * (autotune_trials - 1) + [ArmKind.CONFIRM]
     return tuple(kinds)
@@ -77,6 +83,9 @@ class TrialReport:
     policy_s: float
     fifo_s: float
     use_fifo: bool
+    pairs: tuple[tuple[float, float], ...] = ()  # (policy, buckets) of each interleaved pair of arms
+    by: str = "measured"  # what decided: "measured"; "prior", the simulator's prediction, where every
+    #   pair was inside the noise or the pairs disagreed; "mean" of the pairs there, without a prediction
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class _Score:
     options: dict[str, Any] | None
     seconds: float | None
     plan: Any
+    times: tuple[float, ...] = ()
 
 
 @dataclass
@@ -167,11 +177,16 @@ class ArmsExperiment:
         index = len(self.scores)
         kind = self.kinds[index]
         plan = None
-        if kind == ArmKind.BUCKETS:
+        if kind == ArmKind.BUCKETS and self._first(ArmKind.BUCKETS) is None:
             options = None
         elif kind == ArmKind.CONFIRM:
             ranked = self.ranked()
             options, plan = (dict(ranked[0].options), ranked[0].plan) if ranked else (dict(self.start), None)
+        elif kind == ArmKind.POLICY and self._first(ArmKind.POLICY) is not None:
+            first = self._first(ArmKind.POLICY)  # the policy again, on the plan it ran the first time
+            options, plan = dict(first.options), first.plan
+        elif kind == ArmKind.BUCKETS and self._first(ArmKind.BUCKETS) is not None:
+            options, plan = None, self._first(ArmKind.BUCKETS).plan
         elif self.tuner is not None:
             self._candidate = self.tuner.ask()
             options = dict(self._candidate.options)
@@ -187,12 +202,15 @@ class ArmsExperiment:
             raise ValueError(f"arm {arm.index} is not the arm asked for")
         self._asked = None
         seconds = statistics.median(iteration_times) if iteration_times else None
-        self.scores.append(_Score(arm.kind, arm.options, seconds, plan))
+        self.scores.append(_Score(arm.kind, arm.options, seconds, plan, tuple(iteration_times)))
         if self._candidate is not None:
             if seconds is not None:
                 self.tuner.tell(self._candidate, seconds)
             self._candidate = None
         return seconds
+
+    def _first(self, kind: ArmKind) -> _Score | None:
+        return next((score for score in self.scores if score.kind == kind), None)
 
     def ranked(self) -> list[_Ranked]:
         """The measured policy options, fastest first by the mean of their arms (the
@@ -206,8 +224,12 @@ class ArmsExperiment:
             entry.times.append(score.seconds)
         return sorted(groups.values(), key=lambda e: (e.seconds, not e.start))
 
-    def decide(self) -> Decision | None:
-        """The options to keep and the plan measured for them (None: nothing was measured)."""
+    def decide(self, prior: bool | None = None) -> Decision | None:
+        """The options to keep and the plan measured for them (None: nothing was measured).
+
+        ``prior``: whether the simulator predicts the policy clearly faster than the
+        buckets (None: no prediction); it decides the trial only where the measurement
+        cannot (:meth:`_trial`)."""
         ranked = self.ranked()
         if not ranked:
             return None
@@ -217,14 +239,43 @@ class ArmsExperiment:
         best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), ranked[0])
         if start is not None and best.seconds > start.seconds * (1.0 - self.gain):
             best = start
-        options, plan, trial = best.options, best.plan, None
-        buckets = next((s for s in self.scores if s.kind == ArmKind.BUCKETS and s.seconds is not None), None)
-        if buckets is not None:
-            use_fifo = best.seconds > buckets.seconds * (1.0 - self.gain)
-            trial = TrialReport(best.seconds, buckets.seconds, use_fifo)
-            if use_fifo:
-                options, plan = None, buckets.plan
+        options, plan = best.options, best.plan
+        trial = self._trial(best, prior)
+        if trial is not None and trial.use_fifo:
+            options, plan = None, self._first(ArmKind.BUCKETS).plan
         return Decision(options, plan, trial, self._tuning(best, start))
+
+    def _trial(self, best: _Ranked, prior: bool | None) -> TrialReport | None:
+        """The kept options against the buckets.
+
+        The starting options are compared pair by pair: each policy arm with the buckets' arm
+        right after it, so a drift of the host's speed falls on both sides of a pair. A pair
+        speaks only where its ratio is farther from the threshold (``1 - gain``) than its
+        noise (the standard error of the ratio of the two medians); the policy is kept if every
+        pair says it is faster by the gain, the buckets if every pair says it is not. Otherwise
+        the measurement cannot tell, and the simulator's prediction decides (the mean of the
+        pairs without one). Options a tuner found are compared by the means of their arms."""
+        buckets = [s for s in self.scores if s.kind == ArmKind.BUCKETS and s.seconds is not None]
+        if not buckets:
+            return None
+        threshold = 1.0 - self.gain
+        fifo_s = statistics.fmean(s.seconds for s in buckets)
+        pairs = [(p, b) for p, b in zip(self.scores, self.scores[1:])
+                 if p.kind == ArmKind.POLICY and b.kind == ArmKind.BUCKETS and None not in (p.seconds, b.seconds)]
+        if not (best.start and pairs):
+            return TrialReport(best.seconds, fifo_s, best.seconds > fifo_s * threshold)
+        ratios = [(p.seconds / b.seconds, p.seconds / b.seconds * ratio_noise(p.times, b.times)) for p, b in pairs]
+        seconds = tuple((p.seconds, b.seconds) for p, b in pairs)
+        policy_s = statistics.fmean(p.seconds for p, _ in pairs)
+        fifo_s = statistics.fmean(b.seconds for _, b in pairs)
+        if all(ratio + noise <= threshold for ratio, noise in ratios):
+            return TrialReport(policy_s, fifo_s, False, seconds)
+        if all(ratio - noise > threshold for ratio, noise in ratios):
+            return TrialReport(policy_s, fifo_s, True, seconds)
+        if prior is not None:
+            return TrialReport(policy_s, fifo_s, not prior, seconds, by="prior")
+        mean = statistics.fmean(ratio for ratio, _ in ratios)
+        return TrialReport(policy_s, fifo_s, mean > threshold, seconds, by="mean")
 
     def _tuning(self, best: _Ranked, start: _Ranked | None) -> TuningReport | None:
         if self.tuner is None:
@@ -234,3 +285,18 @@ class ArmsExperiment:
                    if last.kind == ArmKind.CONFIRM else None)
         return TuningReport(dict(best.options), best.seconds, start.seconds if start else None, confirm,
                             list(self.tuner.history))
+
+
+def median_error(times: Sequence[float]) -> float:
+    """The standard error of the median of ``times``, relative to it: 1.2533 sigma / sqrt(n),
+    sigma estimated robustly as 1.4826 x the median absolute deviation (0 for fewer than 2)."""
+    if len(times) < 2:
+        return 0.0
+    median = statistics.median(times)
+    mad = statistics.median(abs(t - median) for t in times)
+    return 1.2533 * 1.4826 * mad / (median * len(times) ** 0.5) if median > 0 else 0.0
+
+
+def ratio_noise(a: Sequence[float], b: Sequence[float]) -> float:
+    """The standard error of median(a) / median(b), relative to it (independent errors)."""
+    return (median_error(a) ** 2 + median_error(b) ** 2) ** 0.5

@@ -78,7 +78,8 @@ class Planner:
         self.settle = settle  # waits until no gradient is in flight
         self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
         compare = world_size > 1 and policy.name != "fifo"
-        kinds = arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0) if compare else ()
+        kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
+                 if compare else ())
         self.schedule = ControlSchedule(config.profile_rounds, config.trial_rounds, config.replan_every, len(kinds))
         self.experiment = self._experiment(kinds) if kinds and rank == 0 else None
         self.chosen = policy  # the policy of later plans: the user's (tuned), or fifo after losing the trial
@@ -167,9 +168,11 @@ class Planner:
         plan = proposal.plan
         if proposal.trial is not None:
             trial = proposal.trial
-            logger.info("gradsched: measured trial: %s %.2f ms, DDP-style buckets %.2f ms per iteration: %s",
+            logger.info("gradsched: measured trial: %s %.2f ms, DDP-style buckets %.2f ms per iteration: %s%s",
                         self.policy.name, trial.policy_s * 1e3, trial.fifo_s * 1e3,
-                        "keeping the buckets" if trial.use_fifo else f"keeping {self.policy.name}")
+                        "keeping the buckets" if trial.use_fifo else f"keeping {self.policy.name}",
+                        {"prior": " (inside the noise: as the simulator predicts)",
+                         "mean": " (inside the noise: by the mean)"}.get(trial.by, ""))
         if proposal.tuning is not None:
             tuning = proposal.tuning
             default = f"{tuning.default_s * 1e3:.2f} ms" if tuning.default_s is not None else "not measured"
@@ -207,7 +210,8 @@ class Planner:
             policy, plan = self._with(arm.options), arm.plan
         elif point.stage == Stage.DECIDE:
             self._close_arm()
-            decision = self.experiment.decide()
+            prior = None if self.prediction is None else not self.prediction.use_fifo
+            decision = self.experiment.decide(prior)
             if decision is not None:
                 self.chosen = self._with(decision.options)
             policy, plan = self.chosen, decision and decision.plan

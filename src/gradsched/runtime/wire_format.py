@@ -37,7 +37,7 @@ from .errors import GradschedError
 from .stats import Prediction
 
 FORMAT = "gradsched"
-VERSION = 1  # raise on any change to an envelope or a body type
+VERSION = 2  # raise on any change to an envelope or a body type
 
 
 class WireFormatError(GradschedError):
