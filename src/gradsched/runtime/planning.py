@@ -244,14 +244,13 @@ class Planner:
 
     def _estimated_link(self) -> tuple[float, float, float] | tuple[()]:
         """(latency, seconds per byte, per-message overhead) estimated from completed
-        messages, () before any; with parameter servers, of one direction."""
+        messages, () before any; with parameter servers, of one direction (push or pull)."""
         est = self.exchange.estimator
         if not (est.ready and est.seconds_per_byte > 0):
             return ()
-        link = (est.latency, est.seconds_per_byte, est.per_message)
-        if self.config.architecture == "ps":  # a message was timed from push to pull: half of it each way
-            link = tuple(x / 2 for x in link)
-        return link
+        if self.config.architecture == "ps":
+            return push_pull_link(est.latency, est.seconds_per_byte, est.per_message)
+        return est.latency, est.seconds_per_byte, est.per_message
 
     def _close_arm(self) -> None:
         """Tell the experiment the measured iteration times of the arm that just ended."""
@@ -293,6 +292,15 @@ class Planner:
                        cast: float) -> tuple[float, float]:
         cluster = ring_cluster(self.world_size, per_byte, latency, overhead, cast_s_per_byte=cast)
         return predict(table, cluster, self.policy), predict(table, cluster, self._buckets())
+
+
+def push_pull_link(latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:
+    """One direction of a parameter-server link, from the estimate of messages timed from
+    push to pull. Queued messages finish one direction's time apart (the pushes of later
+    messages overlap the pulls of earlier ones), so the queued fit's cost per byte and per
+    message are already one direction's; a lone message's fixed time holds two latencies
+    and two per-message costs (its push, then its pull)."""
+    return max(0.0, latency / 2 - per_message), seconds_per_byte, per_message
 
 
 def _median_ready(timings: Sequence[RoundTiming], names: Sequence[str]) -> dict[str, float]:
