@@ -32,7 +32,7 @@ def test_recovers_latency_and_bandwidth_of_all_reduce():
 def test_push_pull_isolated_messages_pay_both_directions():
     cluster = Cluster(workers=4, bandwidth_bps=10e9, latency_s=50e-6, arch="ps", servers=2)
     est = LinkEstimator()
-    sizes = [1 << 16, 1 << 20, 1 << 18, 3 << 20] * 4
+    sizes = [1 << 16, 1 << 20, 1 << 18, 3 << 19] * 4  # within the servers' first pieces (2 x 1 MiB)
     feed(est, make_network(cluster), sizes, gap=1e-3)
     # A two-stage pipeline paces a stream of equal messages exactly at one stage's rate
     # (with mixed sizes the queued samples overestimate it somewhat).

@@ -35,6 +35,13 @@ def test_every_policy_matches_ddp_with_parameter_servers(tmp_path, world, server
           policies, optimizers)
 
 
+def test_servers_answering_in_pieces_of_a_few_hundred_bytes_match_ddp(tmp_path):
+    """Every chunk cut into many pieces (up to 64), each summed and answered on its own."""
+    out = tmp_path / "out.json"
+    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "2", "--policies", "fifo,prophet", "--optimizers",
+                    "adam", timeout=240, env={"GRADSCHED_PS_PIECE_BYTES": "256"}), out, ["fifo", "prophet"], ["adam"])
+
+
 def test_three_workers_one_server(tmp_path):
     """A server averaging 3 workers: plain SGD, whose step is proportional to the average
     (a divisor of 2 or 4 would show), against DDP over the 3 workers."""

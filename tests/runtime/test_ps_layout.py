@@ -8,7 +8,7 @@ import torch
 
 from gradsched.core import TensorSpec, policy_config
 from gradsched.runtime import GradschedError
-from gradsched.runtime.comm.ps import buffer_layout, chunks, message_tag
+from gradsched.runtime.comm.ps import MAX_PIECES, PIECE_BYTES, buffer_layout, chunks, message_tag, pieces
 from gradsched.runtime.topology import roles
 from gradsched.sim import default_ready_times, make_plan
 
@@ -31,6 +31,23 @@ def test_chunks_cover_a_buffer_evenly_and_in_order(numel, servers):
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in server order
     sizes = [hi - lo for lo, hi in parts]
     assert max(sizes) - min(sizes) <= 1  # every server carries the same bytes, within one element
+
+
+@pytest.mark.parametrize("lo,hi,size", [(0, 10, 4), (5, 5 + (PIECE_BYTES // 4) * 3 + 7, 4), (100, 100 + (1 << 28), 2),
+                                         (3, 4, 8)])
+def test_pieces_cover_a_chunk_in_order_within_the_limits(lo, hi, size):
+    parts = pieces(lo, hi, size)
+    assert parts[0][0] == lo and parts[-1][1] == hi and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert len(parts) <= MAX_PIECES
+    lengths = [b - a for a, b in parts]
+    assert max(lengths) * size <= max(PIECE_BYTES, -(-(hi - lo) // MAX_PIECES) * size)
+    assert all(n == lengths[0] for n in lengths[:-1])  # equal pieces but the last
+    assert pieces(7, 7, 4) == []
+
+
+def test_tags_of_pieces_never_collide():
+    tags = [message_tag(k, j, p) for k in range(40) for j in range(16) for p in range(MAX_PIECES)]
+    assert len(set(tags)) == len(tags) and 0 not in tags and max(tags) < 2 ** 31
 
 
 def test_buffer_layout_groups_by_dtype_in_name_order():

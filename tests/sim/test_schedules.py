@@ -213,10 +213,31 @@ def test_prophet_is_never_behind_fifo_and_bytescheduler(model, workers, arch, gb
     assert predict(table, cluster, policy_config("prophet", floor_bytes=0)) > 1.015 * best  # what the floor fixed
 
 
+def test_servers_answer_large_messages_piece_by_piece():
+    """A pull starts one latency after the first pieces of its push are in, and ends one
+    latency and one lead after the push; a message within the lead is pushed, then pulled."""
+    from gradsched.sim.network import PushPull
+
+    net = PushPull(1e-3, 1e-8, 0.0, lead_bytes=1 << 20)
+    small, large = net.submit(1 << 19, 0.0), None
+    (push, pull) = small.segments
+    assert pull.start == pytest.approx(push.end + 1e-3) and pull.end == pytest.approx(pull.start + (1 << 19) * 1e-8)
+    net = PushPull(1e-3, 1e-8, 0.0, lead_bytes=1 << 20)
+    large = net.submit(8 << 20, 0.0)
+    (push, pull) = large.segments
+    lead = (1 << 20) * 1e-8
+    assert pull.start == pytest.approx(lead + 1e-3)
+    assert pull.end == pytest.approx(push.end + 1e-3 + lead)  # 8 MiB both ways, overlapped
+    assert large.complete == pytest.approx((9 << 20) * 1e-8 + 2e-3)
+    whole = PushPull(1e-3, 1e-8, 0.0).submit(8 << 20, 0.0)  # no pieces: pushed, then pulled
+    assert whole.complete == pytest.approx((16 << 20) * 1e-8 + 2e-3)
+
+
 def test_priority_pipelines_pushes_and_pulls_with_parameter_servers():
     """P3: one slice is pushed at a time, and the next push starts as soon as the previous
     one is done, while its pull is still coming back. So pushes and pulls overlap, and
-    priority is no longer twice fifo's time with servers."""
+    priority is no longer twice fifo's time with servers (fifo's buckets are pulled piece by
+    piece as they are pushed, but still wait for the whole bucket's gradients)."""
     from gradsched.models import model_table
     from gradsched.sim import default_ready_times, make_plan
 
@@ -224,7 +245,7 @@ def test_priority_pipelines_pushes_and_pulls_with_parameter_servers():
     cluster = Cluster(2, 3e9, arch="ps", servers=2)
     r = simulate(model, cluster, "priority", iterations=6)
     fifo = simulate(model, cluster, "fifo", iterations=6, record=False)
-    assert r.iteration_s < 0.8 * fifo.iteration_s
+    assert r.iteration_s < 0.95 * fifo.iteration_s
     assert r.ratio_to_bound < 1.05
     records = sorted((m for m in r.messages if m.iteration == 3), key=lambda m: m.launched)
     overlapping = 0

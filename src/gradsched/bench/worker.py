@@ -29,7 +29,7 @@ from gradsched.core.policies.fifo import assign_buckets
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.comm.plans import tensor_specs
 from gradsched.runtime.probe import cast_cost, probe_link
-from gradsched.runtime.comm.ps import chunks
+from gradsched.runtime.comm.ps import chunks, message_tag, pieces
 
 from .host import HostCpu
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY
@@ -209,18 +209,20 @@ class _Rank:
     def _push_pull(self, sizes: list[int]):
         """One round of communication only through the parameter servers: every message
         (``sizes`` elements each, all in flight at once, so that pushing one overlaps pulling
-        the one before, both directions of every link busy) is cut into one chunk per server
-        as gradsched cuts it; each server sums its chunk over the workers and sends it back."""
+        the one before, both directions of every link busy) is cut into one chunk per server,
+        and chunks into pieces, as gradsched cuts them; each server sums each piece over the
+        workers and sends it back."""
         workers, servers = range(self.workers), range(self.workers, self.workers + self.servers)
         if self.rank in workers:
             buffers = [(torch.zeros(n), torch.empty(n)) for n in sizes]
 
             def round_trip() -> None:
                 works = []
-                for tag, (push, pull) in enumerate(buffers):
+                for k, (push, pull) in enumerate(buffers):
                     for server, (lo, hi) in zip(servers, chunks(push.numel(), self.servers)):
-                        if hi > lo:
-                            works += [dist.isend(push[lo:hi], server, tag=tag), dist.irecv(pull[lo:hi], server, tag=tag)]
+                        for p, (a, b) in enumerate(pieces(lo, hi, push.element_size())):
+                            tag = message_tag(k, 0, p)
+                            works += [dist.isend(push[a:b], server, tag=tag), dist.irecv(pull[a:b], server, tag=tag)]
                 for work in works:
                     work.wait()
 
@@ -229,10 +231,11 @@ class _Rank:
 
         def serve() -> None:
             received = {}
-            for tag, n in enumerate(sizes):
+            for k, n in enumerate(sizes):
                 lo, hi = chunks(n, self.servers)[me]
-                if hi > lo:
-                    received[tag] = [(b, dist.irecv(b, w, tag=tag)) for w in workers for b in [torch.empty(hi - lo)]]
+                for p, (a, b) in enumerate(pieces(lo, hi, 4)):
+                    tag = message_tag(k, 0, p)
+                    received[tag] = [(buf, dist.irecv(buf, w, tag=tag)) for w in workers for buf in [torch.empty(b - a)]]
             sends = []
             for tag, slots in received.items():
                 total = None

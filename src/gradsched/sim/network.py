@@ -10,8 +10,11 @@ Default model (documented in docs/simulator.md):
   are in flight, so a window of several messages keeps the link busy where one message
   at a time leaves it idle for ``latency`` after each;
 * all-reduce: one operation per message, costing ``latency + 2(n-1)/n * b / B`` alone;
-* parameter server: a push on the uplink then, once it completed, a pull on the downlink
-  (both directions are separate FIFO links), each costing ``latency + max(1, n/S) * b / B``;
+* parameter server: a push on the uplink then a pull on the downlink (both directions are
+  separate FIFO links), each costing ``latency + max(1, n/S) * b / B``. Servers answer in
+  pieces (:data:`gradsched.core.plan.PS_PIECE_BYTES` per server), so a pull starts one
+  latency after the first ``lead_bytes`` of its push are in (``S`` pieces), and ends no
+  earlier than one latency and one lead after its push;
 * compression (a cast cost ``c`` per wire byte): before its first byte leaves, a message is
   cast to the wire dtype, ``c * b``, by one caster that casts one message at a time (it
   overlaps the transfer of earlier messages); once the result arrived it is cast back,
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.plan import PS_PIECE_BYTES
 from .cluster import Cluster
 
 
@@ -86,15 +90,28 @@ class Network:
 
 
 class PushPull(Network):
+    """Push, then pull. ``lead_bytes``: what of a message must be pushed before its pull can
+    start (None: all of it, as a server that answers whole messages)."""
+
     lanes = ("push", "pull")
+
+    def __init__(self, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0,
+                 cast_s_per_byte: float = 0.0, lead_bytes: int | None = None) -> None:
+        super().__init__(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte)
+        self.lead_bytes = lead_bytes
 
     def submit(self, nbytes: int, now: float) -> Transfer:
         cast = self._cast(nbytes, now)
         push = self._serve("push", nbytes, cast[0].end if cast else now)
-        pull = self._serve("pull", nbytes, push.end + self.latency)
-        return self._transfer(nbytes, (push, pull), cast)
+        lead = (nbytes if self.lead_bytes is None else min(nbytes, self.lead_bytes)) * self.per_byte
+        start = max(push.start + self.overhead + lead + self.latency, self.free["pull"])
+        end = max(start + self.overhead + nbytes * self.per_byte, push.end + self.latency + lead)
+        self.free["pull"] = end
+        return self._transfer(nbytes, (push, Segment("pull", start, end)), cast)
 
 
 def make_network(cluster: Cluster) -> Network:
-    kind = PushPull if cluster.arch == "ps" else Network
-    return kind(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte)
+    if cluster.arch == "ps":
+        return PushPull(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte,
+                        lead_bytes=cluster.num_servers * PS_PIECE_BYTES)
+    return Network(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte)

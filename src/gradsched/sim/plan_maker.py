@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from ..core import Scheduler
 from ..core.base import PolicyConfig
-from ..core.plan import Plan, PlannedMessage
+from ..core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
 from ..core.task import TensorSpec
 from .cluster import ARCHITECTURES
 from .driver import Cause, Driver, Launched
@@ -45,11 +45,12 @@ def make_plan(
     seconds_per_byte: float = DEFAULT_SECONDS_PER_BYTE,
     overhead_s: float = 0.0,
     arch: str = "allreduce",
+    servers: int = 1,
 ) -> Plan:
     """Run ``policy`` on one backward pass with the given ready times (seconds from the first
     ready gradient) over a FIFO link with the given latency, cost per payload byte and
     serial cost per message (see :mod:`gradsched.sim.network`); with ``arch="ps"`` each
-    message is a push then a pull, each costing those.
+    message is a push then a pull to ``servers`` servers, each costing those.
 
     The engine first runs the policy's warm-up rounds (Prophet profiles them), so the plan
     is what the policy does in steady state. Ties keep the order of ``ready``.
@@ -60,7 +61,10 @@ def make_plan(
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
     engine = Scheduler(tensors, policy.build())
-    network = (PushPull if arch == "ps" else Network)(latency_s, seconds_per_byte, overhead_s)
+    if arch == "ps":
+        network = PushPull(latency_s, seconds_per_byte, overhead_s, lead_bytes=servers * PS_PIECE_BYTES)
+    else:
+        network = Network(latency_s, seconds_per_byte, overhead_s)
     recorder = _Recorder()
     loop = EventLoop()
     driver = Driver(engine, network, loop, recorder.launched)

@@ -12,10 +12,13 @@ per dtype (in the order of the dtypes' names), and every buffer is cut into ``S`
 contiguous chunks, chunk ``s`` to server ``s``: every server carries the same bytes (within
 one element per buffer) at every moment. (Whole messages dealt to servers would balance
 bytes only over a round: all workers follow the same plan, so they would all push to the
-same server at once while the others idle.) Chunk ``s`` of buffer ``j`` of message ``k``
-travels with tag ``1 + 16 k + j``, both ways, between a worker and server ``s``. Because
-transfers are point-to-point and keyed by tag, no ordering between workers is needed:
-each worker pushes in its own time.
+same server at once while the others idle.) A chunk travels in pieces of about
+``PIECE_BYTES`` (at most ``MAX_PIECES``), and a server answers piece by piece: the pull of a
+large message starts once its first pieces are summed, not after its whole push. Piece
+``p`` of chunk ``s`` of buffer ``j`` of message ``k`` travels with tag :func:`message_tag`
+``(k, j, p)``, both ways, between a worker and server ``s``. Because transfers are
+point-to-point and keyed by tag, no ordering between workers is needed: each worker
+pushes in its own time.
 
 Rounds. With the first message of each round a worker sends every server a header
 ``(round, plan version)``; the servers answer a round only once every worker announced it, with the same
@@ -28,6 +31,7 @@ stream.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Callable, Mapping, Sequence
@@ -35,7 +39,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ...core.plan import Plan, PlannedMessage
+from ...core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
 from .. import wire_format
 from ..errors import GradschedError
 from ..wire_format import PlanUpdate
@@ -45,10 +49,21 @@ from .transport import MessageKey, Reduced, BaseTransport
 HEADER_TAG = 0
 MAX_DTYPES = 16
 STOP = (-1, 0)
+# a server sums and answers a chunk in pieces of about this size (tests cut small messages too,
+# with GRADSCHED_PS_PIECE_BYTES set alike on every rank)
+PIECE_BYTES = int(os.environ.get("GRADSCHED_PS_PIECE_BYTES", PS_PIECE_BYTES))
+MAX_PIECES = 64  # ... at most this many per chunk (larger pieces for larger chunks)
 
 
-def message_tag(k: int, j: int) -> int:
-    return 1 + MAX_DTYPES * k + j
+def message_tag(k: int, j: int, p: int = 0) -> int:
+    """The tag of piece ``p`` of buffer ``j`` of message ``k`` (0 is the header's)."""
+    return 1 + (MAX_DTYPES * k + j) * MAX_PIECES + p
+
+
+def pieces(lo: int, hi: int, element_size: int) -> list[tuple[int, int]]:
+    """(first, end) element of each piece of the chunk ``[lo, hi)``, in order."""
+    step = max(1, PIECE_BYTES // element_size, -(-(hi - lo) // MAX_PIECES))
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
 
 def chunks(numel: int, servers: int) -> list[tuple[int, int]]:
@@ -181,11 +196,13 @@ class PushPull(BaseTransport):
         # of the answer arrives, this rank's send has read the whole chunk.
         sends, receives = [], []
         for j, buffer in enumerate(buffers):
-            for server, (lo, hi) in zip(self.servers, chunks(buffer.numel(), len(self.servers))):
-                if hi > lo:
-                    tag = message_tag(key.index, j)
-                    sends.append(dist.isend(buffer[lo:hi], dst=server, group=self.group, tag=tag))
-                    receives.append(dist.irecv(buffer[lo:hi], src=server, group=self.group, tag=tag))
+            cut = [pieces(lo, hi, buffer.element_size()) for lo, hi in chunks(buffer.numel(), len(self.servers))]
+            for p in range(max(len(c) for c in cut)):  # piece p to every server, then piece p + 1
+                for server, chunk in zip(self.servers, cut):
+                    if p < len(chunk):
+                        (a, b), tag = chunk[p], message_tag(key.index, j, p)
+                        sends.append(dist.isend(buffer[a:b], dst=server, group=self.group, tag=tag))
+                        receives.append(dist.irecv(buffer[a:b], src=server, group=self.group, tag=tag))
         # Each gloo operation is waited for by one thread only (a wait consumes its
         # completion): the sends by one waiter, whose future the pulls' waiter then waits for.
         sent = self._send_waiter.track(sends, key.index)

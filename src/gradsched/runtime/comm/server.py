@@ -5,7 +5,7 @@ A server serves rounds one at a time. It waits for every worker's header of the 
 adopted), posts a receive of its chunk of every message from each worker, and then,
 message by message in plan order (the order every worker pushes in), sums the workers'
 chunks in worker order, divides the sum by the number of workers and sends this average
-back to every worker. (DDP divides before summing; dividing the sum does the same work once
+back to every worker, piece by piece (see :mod:`gradsched.runtime.comm.ps`). (DDP divides before summing; dividing the sum does the same work once
 on a server instead of on every worker, and with two workers gives the same bits.)
 
 The receive buffers of a plan are kept from round to round: a round's answers are all sent
@@ -27,7 +27,7 @@ from ...core.plan import Plan
 from .. import wire_format
 from ..errors import GradschedError
 from ..topology import Topology
-from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag
+from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag, pieces
 
 
 class Server:
@@ -41,7 +41,7 @@ class Server:
         self.plans_group = plans_group = topology.plans
         self.timeout = timedelta(seconds=timeout_s)
         self.plans: dict[int, Plan] = {}
-        self._buffers: tuple[int, dict[tuple[int, int], list[torch.Tensor]]] | None = None  # (plan version, buffers)
+        self._buffers: tuple[int, dict[tuple[int, int, int], list[torch.Tensor]]] | None = None  # (plan, buffers)
         self.rounds = 0
         self.bytes_in = 0
         self._plans_done = False
@@ -119,31 +119,34 @@ class Server:
             )
         return next(iter(seen.values()))
 
-    def _post_receives(self, version: int) -> dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]:
-        """Receives of this server's chunk of every buffer of every message, from every worker."""
+    def _post_receives(self, version: int) -> dict[tuple[int, int, int], list[tuple[torch.Tensor, dist.Work]]]:
+        """Receives of this server's chunk of every buffer of every message, piece by piece,
+        from every worker."""
         received = {}
-        for (k, j), buffers in self._receive_buffers(version).items():
-            received[(k, j)] = [(buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j)))
-                                for w, buffer in zip(self.workers, buffers)]
+        for (k, j, p), buffers in self._receive_buffers(version).items():
+            received[(k, j, p)] = [(buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j, p)))
+                                   for w, buffer in zip(self.workers, buffers)]
         return received
 
-    def _receive_buffers(self, version: int) -> dict[tuple[int, int], list[torch.Tensor]]:
-        """One buffer per worker for this server's chunk of every (message, dtype) of the plan."""
+    def _receive_buffers(self, version: int) -> dict[tuple[int, int, int], list[torch.Tensor]]:
+        """One buffer per worker for each piece of this server's chunk of every (message,
+        dtype) of the plan, in plan order."""
         if self._buffers is None or self._buffers[0] != version:
             buffers = {}
             for k, message in enumerate(self._plan(version).messages):
                 for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
                     lo, hi = chunks(total_numel, len(self.servers))[self.me]
-                    if hi > lo:
-                        buffers[(k, j)] = [torch.empty(hi - lo, dtype=dtype) for _ in self.workers]
+                    for p, (a, b) in enumerate(pieces(lo, hi, dtype.itemsize)):
+                        buffers[(k, j, p)] = [torch.empty(b - a, dtype=dtype) for _ in self.workers]
             self._buffers = (version, buffers)
         return self._buffers[1]
 
-    def _answer(self, round_index: int, received: dict[tuple[int, int], list[tuple[torch.Tensor, dist.Work]]]) -> None:
-        """Average each chunk over the workers (summed in worker order), in plan order, and
+    def _answer(self, round_index: int,
+                received: dict[tuple[int, int, int], list[tuple[torch.Tensor, dist.Work]]]) -> None:
+        """Average each piece over the workers (summed in worker order), in plan order, and
         send it back."""
         sends: list[tuple[dist.Work, torch.Tensor]] = []
-        for (k, j), slots in received.items():
+        for (k, j, p), slots in received.items():
             total = None
             for w, (buffer, work) in zip(self.workers, slots):
                 self._wait(work, f"receiving message {k} of round {round_index} from worker rank {w}")
@@ -152,7 +155,7 @@ class Server:
             total.div_(len(self.workers))
             answer = total.to(slots[0][0].dtype)  # the wire dtype again (no copy without compression)
             for w in self.workers:
-                sends.append((dist.isend(answer, dst=w, group=self.group, tag=message_tag(k, j)), answer))
+                sends.append((dist.isend(answer, dst=w, group=self.group, tag=message_tag(k, j, p)), answer))
         for work, _ in sends:
             self._wait(work, f"sending round {round_index} back to the workers")
 
