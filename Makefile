@@ -22,7 +22,7 @@ demo: $(STAMP)
 	mkdir -p out
 	@if $(BIN)/gradsched bench --check; then \
 		$(BIN)/gradsched bench --model replay-resnet50 --batch 96 --balance --iters 10 --warmup 3 \
-			--policy ddp,prophet --plot out/bench-resnet50-balance.png; \
+			--policy ddp,prophet --plot out/bench-resnet50-balance.png --timeline out/bench-resnet50-timeline.png; \
 	fi
 	$(BIN)/gradsched simulate --model vgg16 --workers 16 --sweep-bandwidth $(SWEEP) --plot out/vgg16-allreduce.png
 	$(BIN)/gradsched simulate --model resnet50 --workers 16 --sweep-bandwidth $(SWEEP) --plot out/resnet50-allreduce.png

@@ -1,7 +1,8 @@
-"""PNG plots of simulated runs (matplotlib, no display needed)."""
+"""PNG plots of simulated and measured runs (matplotlib, no display needed)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -13,6 +14,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 from .sim.compare import Row  # noqa: E402
 from .sim.simulator import SimResult  # noqa: E402
+from .trace import pack_lanes  # noqa: E402
 
 _PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452"}
 
@@ -101,6 +103,67 @@ def plot_bench(data: dict, path: str | Path) -> None:
     where = "emulated network" if data.get("emulated_network") else "loopback, no limit"
     dilated = f" · time dilation K={data['dilation']:g}, times / K" if data.get("dilation", 1) != 1 else ""
     fig.suptitle(f"{data['model']} ({kind}) · {data['workers']} workers · {where}{dilated} (measured)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+_TRACE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "message": "#55A868", "wait": "#C44E52"}
+
+
+def trace_iteration(path: str | Path, back: int = 2) -> tuple[float, float, list[dict]]:
+    """(start, end, events) of one steady iteration of a run trace (a rank's Chrome trace,
+    gradsched's or the bench's DDP trace): from the start of the ``back``-th last forward
+    pass to the next. Times in seconds; events are the trace's complete events that
+    overlap it, messages of the round before included."""
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    forward = [e for e in events if e.get("cat") == "forward"]
+    if not forward:
+        raise ValueError(f"{path}: no forward passes in this trace")
+    first = min(forward, key=lambda e: e["ts"])["name"]  # the module that starts every forward pass
+    starts = sorted(e["ts"] for e in forward if e["name"] == first)
+    if len(starts) < back + 1:
+        raise ValueError(f"{path}: {len(starts)} iterations traced, at least {back + 1} needed")
+    lo, hi = starts[-back - 1], starts[-back]
+    inside = [e for e in events if e["ts"] < hi and e["ts"] + e["dur"] > lo]
+    return lo / 1e6, hi / 1e6, inside
+
+
+def plot_iteration_timelines(runs: Sequence[tuple[str, str | Path]], path: str | Path, title: str,
+                             dilation: float = 1.0) -> None:
+    """One steady iteration of each run (label, rank 0's trace) on a shared time axis:
+    compute (forward, backward), each message from launch to result (messages in flight
+    together on rows of their own), and the forward pass's waits for updates. Times are
+    divided by ``dilation`` (the bench's time dilation)."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.2 + 1.9 * len(runs)), squeeze=False, sharex=True)
+    longest = 0.0
+    for ax, (label, trace) in zip(axes[:, 0], runs):
+        lo, hi, events = trace_iteration(trace)
+        longest = max(longest, (hi - lo) / dilation)
+
+        def bars(selected):
+            return [((e["ts"] / 1e6 - lo) / dilation * 1e3, e["dur"] / 1e6 / dilation * 1e3) for e in selected]
+
+        compute = [e for e in events if e.get("cat") in ("forward", "backward")]
+        for phase in ("forward", "backward"):
+            ax.broken_barh(bars([e for e in compute if e["cat"] == phase]), (0.6, 0.8),
+                           facecolors=_TRACE_COLOURS[phase], label=phase)
+        messages = sorted((e for e in events if e.get("cat") == "message"), key=lambda e: e["ts"])
+        lanes = pack_lanes((e["ts"], e["ts"] + e["dur"]) for e in messages)
+        depth = max(lanes, default=-1) + 1
+        for lane in range(depth):
+            mine = [e for e, l in zip(messages, lanes) if l == lane]
+            ax.broken_barh(bars(mine), (1.6 + 0.8 * lane / max(depth, 1), 0.8 / max(depth, 1) * 0.9),
+                           facecolors=_TRACE_COLOURS["message"], edgecolor="white", linewidth=0.3,
+                           label="message (launch to result)" if lane == 0 else None)
+        ax.broken_barh(bars([e for e in events if e.get("cat") == "wait"]), (2.6, 0.8),
+                       facecolors=_TRACE_COLOURS["wait"], label="forward waits")
+        ax.set_yticks([1, 2, 3], ["compute", "messages", "waits"])
+        ax.set_title(f"{label}: {(hi - lo) / dilation * 1e3:.0f} ms this iteration", fontsize=9, loc="left")
+    axes[0, 0].set_xlim(0, longest * 1e3 * 1.02)
+    axes[-1, 0].set_xlabel("time from the iteration's first forward (ms)")
+    axes[0, 0].legend(loc="upper right", fontsize=7, ncol=5)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

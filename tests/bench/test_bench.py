@@ -129,7 +129,7 @@ def test_smoke_run_two_workers(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--workers", "2", "--bandwidth",
          "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "ddp,fifo,prophet", "--json", "--plot", str(plot),
-         "--trace-dir", str(tmp_path / "traces")],
+         "--trace-dir", str(tmp_path / "traces"), "--timeline", str(tmp_path / "timeline.png")],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -147,7 +147,12 @@ def test_smoke_run_two_workers(tmp_path):
     assert 0.05 < setting["comm_s"] < 0.15 and 0.035 < setting["compute_s"] < 0.2
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
-        "fifo.rank0.json", "fifo.rank1.json", "prophet.rank0.json", "prophet.rank1.json"]
+        "ddp.rank0.json", "ddp.rank1.json", "fifo.rank0.json", "fifo.rank1.json", "prophet.rank0.json",
+        "prophet.rank1.json"]
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"  # DDP and the fastest policy, from the traces
+    ddp = json.loads((tmp_path / "traces" / "ddp.rank0.json").read_text())["traceEvents"]
+    buckets = [e for e in ddp if e.get("cat") == "message"]
+    assert buckets and all(e["args"]["bytes"] > 0 and e["dur"] > 0 for e in buckets)  # DDP's own all-reduces
     assert leftovers() == [] and not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                                 text=True).stdout.split() if n.startswith(PREFIX)]
 

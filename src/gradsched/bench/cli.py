@@ -78,6 +78,9 @@ def add_parser(sub) -> None:
     bench.add_argument("--check", action="store_true",
                        help="only say whether the emulated cluster can run here (exit 0) or why not (exit 1)")
     bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
+    bench.add_argument("--timeline", metavar="PNG",
+                       help="write one iteration of DDP (fifo with --arch ps) and of the fastest policy on a shared "
+                            "time axis, from the runs' traces (of the last bandwidth measured)")
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
@@ -117,13 +120,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         usable, why = available()
         print("the emulated cluster can run here" if usable else f"no emulated cluster here: {why}", file=sys.stderr)
         return 0 if usable else 1
+    if args.timeline and not args.trace_dir:  # the picture is drawn from traces: keep them beside it
+        args.trace_dir = os.path.splitext(args.timeline)[0] + "-traces"
     config = config_from(args)
     require("psutil", "bench")  # the workers report the host's CPU load
-    if args.plot:
-        require("matplotlib", "plot")
-    problem = problem_writing(args.plot) if args.plot else None
-    if problem:  # checked now, not after a run of many minutes
-        raise UsageError(f"--plot {args.plot}: {problem}")
+    for option, target in (("--plot", args.plot), ("--timeline", args.timeline)):
+        if target:
+            require("matplotlib", "plot")
+            problem = problem_writing(target)
+            if problem:  # checked now, not after a run of many minutes
+                raise UsageError(f"{option} {target}: {problem}")
     if args.trace_dir and os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
         raise UsageError(f"--trace-dir {args.trace_dir}: is a file; give a folder (created if missing)")
     # a plain `kill` must clean up the namespaces too: turn SIGTERM into an exit
@@ -147,4 +153,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plot_bench(settings_json(config, settings), args.plot)
         if not args.json:
             print(f"plot written to {args.plot}")
+    if args.timeline:
+        from .timeline import draw_timeline
+
+        drawn = draw_timeline(settings_json(config, settings), args.trace_dir, args.timeline)
+        if not args.json:
+            print(f"timeline of {' and '.join(drawn)} written to {args.timeline} (traces in {args.trace_dir})")
     return 0

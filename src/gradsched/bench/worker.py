@@ -31,6 +31,7 @@ from gradsched.runtime.comm.plans import tensor_specs
 from gradsched.runtime.probe import cast_cost, probe_link
 from gradsched.runtime.comm.ps import chunks, message_tag, pieces
 
+from .ddp_trace import DdpTracer
 from .host import HostCpu
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY
 from .workloads import workload
@@ -122,8 +123,13 @@ class _Rank:
         best = None
         for cap in caps:
             model, opt = self.fresh()
-            times = self._timed(policy, self.step(_ddp(model, cap, policy), opt, policy),
+            ddp = _ddp(model, cap, policy)
+            # traced where asked: plain DDP only (a compression hook is its own hook)
+            tracer = DdpTracer(ddp, self.rank) if self.config.get("trace_dir") and policy == "ddp" else None
+            times = self._timed(policy, self.step(ddp, opt, policy),
                                 self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
+            if tracer is not None:
+                tracer.save(f"{self.config['trace_dir']}/{policy}.json")
             if best is None or statistics.median(times) < best[0]:
                 best = (statistics.median(times), cap, times)
         if len(caps) > 1:  # re-measure the winner over the full count
