@@ -11,7 +11,8 @@ Single iterations on a 2-core machine vary by tens of per cent, so the compariso
 paired: each round gives a ratio (a policy's median over its two iterations / DDP's in the
 same round), and the figure is the median of these ratios over every round of every
 repeat, with their interquartile range. Also printed: the median iteration time, and the
-plan each policy ended up using (after its measured prediction against DDP-style buckets).
+plan each policy ended up using (after its measured trial against DDP-style buckets; kept
+buckets are handed to DDP's own reducer, "DDP's reducer", unless --no-handoff).
 Loopback has no bandwidth limit, so this measures cost, not scheduling gain.
 """
 
@@ -59,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
         if name == "ddp":
             model = DDP(model)
         else:
-            model, opt = gradsched.wrap(model, opt, name)
+            model, opt = gradsched.wrap(model, opt, name, handoff=not args.no_handoff)
         runners[name] = (torch.compile(model) if args.compile else model, opt)
 
     def iteration(model, opt):
@@ -67,8 +68,8 @@ def worker(args: argparse.Namespace) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    for name, (model, opt) in runners.items():
-        for _ in range(args.warmup):
+    for name, (model, opt) in runners.items():  # gradsched's: past profiling and the measured trial
+        for _ in range(args.warmup if name == "ddp" else max(args.warmup, opt.stats.settled_round + 1)):
             iteration(model, opt)
     block = 2
     for _ in range(0, args.iters, block):
@@ -132,7 +133,8 @@ def table(data: dict) -> str:
             trial, pred = stats[name].get("trial"), stats[name].get("prediction")
             measured = f" ({trial['policy_s'] * 1e3:.1f} / {trial['fifo_s'] * 1e3:.1f}" if trial else " (-"
             guess = f"; {pred['policy_s'] * 1e3:.1f} / {pred['fifo_s'] * 1e3:.1f})" if pred else ")"
-            note = f"  {stats[name]['plan_policy']}{measured}{guess}"
+            handed = " (DDP's reducer)" if stats[name].get("handed_off_round") else ""
+            note = f"  {stats[name]['plan_policy']}{handed}{measured}{guess}"
         spread = f"({f['ratio_q1']:.3f}-{f['ratio_q3']:.3f})"
         lines.append(f"  {name:14s} {f['iteration_s'] * 1e3:8.2f} {f['ratio_to_ddp']:6.3f}x {spread:>15s}{note}")
     return "\n".join(lines) + "\n"
@@ -143,11 +145,12 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=16)  # past the trial against buckets
+    parser.add_argument("--warmup", type=int, default=16)  # gradsched's: at least past the measured trial
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (after DDP / the wrap)")
+    parser.add_argument("--no-handoff", action="store_true", help="keep gradsched's own buckets where the trial keeps them")
     parser.add_argument("--json", metavar="FILE", help="also write every round's figures to FILE")
     parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -25,7 +25,8 @@ def figure(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["bench-replay-resnet50", "bench-replay-transformer", "bench-replay-vgg16-balance",
-                                  "bench-replay-resnet50-ps"])
+                                  "bench-replay-resnet50-ps", "bench-k3-resnet50", "bench-k3-transformer",
+                                  "bench-k3-vgg16-balance", "bench-k3-ps-resnet50"])
 def test_the_readme_measured_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in README
 
@@ -39,13 +40,16 @@ def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_
 @pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50",
                                   "dataplane-before-sweep", "dataplane-after-sweep", "bench-vgg16-balance-jumbo",
                                   "bench-vgg16-balance-jumbo-k3", "bench-resnet50-balance-jumbo-k3",
-                                  "bench-ps-resnet50-jumbo-k3", "bench-transformer-jumbo-k3"])
+                                  "bench-ps-resnet50-jumbo-k3", "bench-transformer-jumbo-k3",
+                                  "bench-ps-resnet50-direction-k3", "bench-ps-resnet50-pieces-k3",
+                                  "bench-bytescheduler-original-k3", "bench-bytescheduler-amortise-k3"])
 def test_the_bench_docs_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
 
 
 def test_the_readme_overhead_table_is_what_its_json_prints():
     assert script("runtime_overhead").table(figure("runtime-overhead")) in README
+    assert script("runtime_overhead").table(figure("runtime-overhead-handoff")) in README
     assert script("runtime_overhead").table(figure("runtime-overhead-compile")) in README
 
 

@@ -201,3 +201,21 @@ def test_examples_run_under_torchrun(tmp_path, script, nproc, extra, expected):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 10" in out.stdout and expected in out.stdout
+
+
+def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
+    """The measured trial keeps the buckets for certain (fallback_gain=0.99); every rank hands
+    them to DDP's C++ reducer in the same step, the one after the decision, and from then on
+    DDP reduces: the parameters and BatchNorm buffers equal DDP's, no_sync() accumulation
+    after the hand-off included, through both APIs; the user's module keeps its class."""
+    out = tmp_path / "out.json"
+    check_ranks(run_ranks("handoff.py", 2, str(out), timeout=240))
+    ranks = load(out)
+    for report in ranks:
+        for api, result in report.items():
+            assert result["max_abs_diff"] <= TOLERANCE and result["moved"] > 1e-2, (api, result)
+            assert result["trial"]["use_fifo"] and result["plan_policy"] == "fifo", (api, result)
+            # profiling (2 + 1 rounds) and four arms of 3 rounds: decided after round 15
+            assert result["handed_off_round"] == result["settled_round"] == 16, (api, result)
+            assert result["rounds"] == 24 and result["class"] == "Net", (api, result)
+            assert result["checksum"] == ranks[0][api]["checksum"]

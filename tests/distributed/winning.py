@@ -9,7 +9,6 @@ send almost everything after the last layer, `bytescheduler`'s slices go while t
 earlier layers still compute, which on loopback saves most of the all-reduce's time.
 """
 
-import json
 import logging
 import sys
 import time
@@ -20,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish
+from launch import finish_with_report
 
 STEPS = 30
 
@@ -59,8 +58,4 @@ report = {"plan_policy": stats["plan_policy"], "trial": stats["trial"],
           "moved": max((p - q).abs().max().item() for p, q in zip(reference.parameters(), fresh()[0].parameters()))}
 everyone = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, report)
-if rank == 0:
-    with open(sys.argv[1], "w") as f:
-        json.dump(everyone, f)
-dist.destroy_process_group()
-finish()
+finish_with_report(sys.argv[1], everyone)

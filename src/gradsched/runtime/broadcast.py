@@ -28,3 +28,8 @@ def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.Pro
             for t in members:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
+
+
+def buffers_of(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The module's buffers (BatchNorm statistics), those set to None left out."""
+    return [b for b in model.buffers() if b is not None]

@@ -43,6 +43,8 @@ class RuntimeConfig:
     #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
     #   slower than DDP's C++ reducer on loopback: README)
     fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another
+    handoff: bool = True  # where the measured trial keeps the buckets, hand the gradients to DDP's own C++
+    #   reducer from the next step on (all-reduce only; runtime.handoff): DDP's speed, not gradsched's launcher's
     bucket_cap_mb: float = 25.0  # size cap (MiB) of the DDP-style buckets the fallback measures and keeps, as
     #   DDP's option of the same name (its first bucket is 1 MiB, as DDP's)
     trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates); the first and last

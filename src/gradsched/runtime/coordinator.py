@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 from ..core.base import PolicyConfig
-from ..files import problem_writing
-from .broadcast import broadcast_flat
+from .broadcast import broadcast_flat, buffers_of
 from .comm.compression import wire_dtype
 from .config import RuntimeConfig
 from .errors import GradschedError, entry
@@ -42,6 +41,7 @@ from .topology import Topology
 from .tracing import RunTrace
 from .unused import UnusedParameters, agree_unused
 from .comm.transports import make_transport
+from .handoff import TorchReducer, hands_off
 from .updates import DeferredUpdates, clear_grad
 
 
@@ -90,6 +90,9 @@ class Coordinator:
         self.replaced = False  # closed because a later wrap of the same model took over
         self.entry = entry()  # what the user called, for errors raised later
         self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
+        self.reducer: TorchReducer | None = None  # DDP's, from handed_off_round on (gradsched.runtime.handoff)
+        self.handed_off_round: int | None = None
+        self._hand_off = False  # the trial kept the buckets: hand them over at the next step()
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
             self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.control)
             self.exchange.explain = self.peers.explain
@@ -147,7 +150,8 @@ class Coordinator:
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
                                self.topology.control, self.rank, self.world_size,
                                self.topology.data, self.clock,
-                               settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"))
+                               settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"),
+                               on_buckets_kept=self._buckets_kept)
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
         for module in self.model.modules():
@@ -157,7 +161,7 @@ class Coordinator:
         self._handles.append(self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if self._closed:
+        if self._closed or self.reducer is not None:
             return
         i = self.index[id(p)]
         grad = plain(p.grad)  # None: an undefined gradient reached this parameter
@@ -189,7 +193,7 @@ class Coordinator:
         self.current.begin(self.exchange.homes(self.round + 1))
 
     def _before_root(self, module: nn.Module, args: Any) -> None:
-        if self._closed:
+        if self._closed or self.reducer is not None:
             return
         self._close_round()
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
@@ -250,7 +254,7 @@ class Coordinator:
             self._tracing_module = None
 
     def _before_module(self, module: nn.Module, args: Any) -> None:
-        if self._closed:
+        if self._closed or self.reducer is not None:
             return
         self.current.ran.add(id(module))
         idx = self._waits.get(module)
@@ -348,6 +352,9 @@ class Coordinator:
 
     def step(self) -> None:
         self.check_in_use("optimizer.step()")
+        if self.reducer is not None:  # DDP's reducer finished every reduction inside backward
+            self.updates.apply_now(range(len(self.params)), self.updates.snapshot())
+            return
         self._close_round()
         snapshot = self.updates.snapshot()
         if not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
@@ -358,6 +365,20 @@ class Coordinator:
             self.updates.request_step(with_grad, snapshot)
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.join)
             self.planner.control_point(self.round)
+        if self._hand_off:
+            self._hand_off_buckets()
+
+    def _buckets_kept(self) -> None:
+        """The measured trial kept DDP-style buckets (every rank, one control point); inside
+        join() no rank steps at the same point, so there the buckets stay gradsched's."""
+        self._hand_off = hands_off(self.config, self.world_size) and not self.uneven.enabled
+
+    def _hand_off_buckets(self) -> None:
+        """DDP's C++ reducer reduces from the next backward pass on (:mod:`gradsched.runtime.handoff`)."""
+        self._hand_off = False
+        self.synchronize()
+        self.reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=not self._no_sync)
+        self.handed_off_round, self.uneven = self.round + 1, self.reducer.ddp  # join(): DDP's own
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
@@ -376,23 +397,19 @@ class Coordinator:
                        foreach: bool | None) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
         self._require_gradients("clip_grad_norm_")
-        self.handover.wait(range(len(self.params)), "all gradients (clip_grad_norm_)")
-        return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
-                                              error_if_nonfinite, foreach)
+        return self.handover.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
 
     def clip_grad_value(self, clip_value: float) -> None:
         """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
         self._require_gradients("clip_grad_value_")
-        if not clip_value >= 0:
-            raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
-        self.handover.clip_value(float(clip_value))
+        self.handover.clip_value(clip_value)
 
     def _require_gradients(self, what: str) -> None:
         if self.round == 0:
             raise GradschedError(f"{what}: no backward pass has run yet: clip after loss.backward(), before step()")
 
     def synchronize(self) -> None:
-        if self._closed:
+        if self._closed or self.reducer is not None:
             return
         self._close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
@@ -401,57 +418,49 @@ class Coordinator:
     def no_sync(self) -> Iterator[None]:
         self.check_in_use("no_sync()")
         self._no_sync += 1
+        if self.reducer is not None:  # handed off: DDP's no_sync
+            self.reducer.sync(False)
         try:
             yield
         finally:
             self._no_sync -= 1
+            if self.reducer is not None:
+                self.reducer.sync(not self._no_sync)
 
     # -- reporting and teardown ------------------------------------------------------------
     def export_profile(self, path: str, name: str) -> str:
-        problem = problem_writing(path)
-        if problem:
-            raise ValueError(f"export_profile({path!r}): {problem}")
-        table = self.planner.measured(name)
-        if table is None:
-            raise GradschedError(
-                "export_profile: nothing measured yet: run a few training iterations first (the first backward "
-                "pass warms up; every parameter must get a gradient in the rounds measured)"
-            )
-        table.save(path)
-        return path
+        return self.planner.export_profile(path, name)
 
     def stats(self) -> RunStats:
         plan = self.exchange.plan_for(self.round + 1)
         est = self.exchange.estimator
         planner = self.planner
-        return RunStats(self.policy.name, self.round, len(plan.messages), self.exchange.plans_adopted, est.latency,
+        rounds = self.round + (self.reducer.rounds if self.reducer is not None else 0)
+        return RunStats(self.policy.name, rounds, len(plan.messages), self.exchange.plans_adopted, est.latency,
                         est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction, planner.trial,
-                        planner.tuning, list(planner.switches))
+                        planner.tuning, list(planner.switches), self.handed_off_round)
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
-        broadcast_flat([b for b in self.model.buffers() if b is not None], source, self.topology.buffers,
-                       "broadcasting buffers", self.peers.explain)
+        broadcast_flat(buffers_of(self.model), source, self.topology.buffers, "broadcasting buffers", self.explain)
 
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
-        tensors = list(self.model.parameters())
-        if self.config.broadcast_buffers:
-            tensors += [b for b in self.model.buffers() if b is not None]
-        broadcast_flat(tensors, source, self.topology.buffers,
-                       f"copying rank {source}'s parameters to every rank (join)", self.peers.explain)
+        tensors = list(self.model.parameters()) + (buffers_of(self.model) if self.config.broadcast_buffers else [])
+        broadcast_flat(tensors, source, self.topology.buffers, f"copying rank {source}'s parameters to every rank "
+                       "(join)", self.explain)
 
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""
-        state = "closed" if self._closed else "joined" if self.uneven.joined else "training"
+        joined = self.reducer is None and self.uneven.joined  # handed off: DDP's join
+        state = "closed" if self._closed else "joined" if joined else "training"
         began = self.current.next_begins and self.current.forward_ran and state == "training"  # a forward pass
-        heading = 1 if began else 0
-        return Status(self.round + heading, state, time.monotonic() - self._active_at)
+        return Status(self.round + int(began), state, time.monotonic() - self._active_at)
 
     def idle(self) -> bool:
         """Nothing failed and no gradient handed over is still being communicated."""
-        ex = self.exchange
-        return ex.error is None and not self._broken and not any(ex.in_flight(i) for i in range(len(self.params)))
+        return self.exchange.error is None and not self._broken and not any(map(self.exchange.in_flight,
+                                                                                 range(len(self.params))))
 
     def _abandon(self) -> None:
         """Undo a construction that failed half-way: the hooks attached, the threads started."""
@@ -472,6 +481,9 @@ class Coordinator:
                 self.synchronize()
         finally:
             self._closed = True
+            if self.reducer is not None:
+                self.reducer.close()
+                self.uneven = UnevenInputs(self)  # let go of DDP (and through it of the model)
             self._active_at = time.monotonic()
             self.peers.close(self._status())
             for handle in self._handles:

@@ -23,7 +23,6 @@ around ``step()`` before or after keep working.
 
 from __future__ import annotations
 
-import inspect
 import os
 import warnings
 import weakref
@@ -38,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from .checks import check_optimizer, stray_parameters, warn_stray
 from .coordinator import Coordinator
 from .errors import GradschedError, entered_through
+from .handoff import DDP_NAMES_FORWARD_SYNC
 from .join import JoinsUnevenInputs, UnevenInputs
 from .optimizer import ScheduledOptimizer
 from .stats import RunStats
@@ -326,8 +326,7 @@ def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | No
     return sync, sync
 
 
-_DDP_DEPRECATES_BROADCAST_BUFFERS = "forward_sync_buffers" in inspect.signature(
-    torch.nn.parallel.DistributedDataParallel.__init__).parameters
+_DDP_DEPRECATES_BROADCAST_BUFFERS = DDP_NAMES_FORWARD_SYNC
 
 
 def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,

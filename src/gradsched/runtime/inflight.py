@@ -117,9 +117,19 @@ class Handover:
             if value is not None and p.grad is not None:
                 p.grad.clamp_(-value, value)
 
+    def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                  foreach: bool | None) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over every gradient, once all are reduced."""
+        self.wait(range(len(self.params)), "all gradients (clip_grad_norm_)")
+        return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
+                                              error_if_nonfinite, foreach)
+
     def clip_value(self, value: float) -> None:
         """Clamp every gradient to ``[-value, value]``: those reduced now, the others once
         their reduction is seen complete."""
+        if not value >= 0:
+            raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
+        value = float(value)
         for i, p in enumerate(self.params):
             if self.exchange.in_flight(i):
                 self.clamps[i] = min(value, self.clamps.get(i, value))

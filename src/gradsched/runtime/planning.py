@@ -40,7 +40,8 @@ from ..sim import default_ready_times, make_plan
 from ..sim.predict import predict, ring_cluster
 from .comm.compression import wire_dtype
 from .config import RuntimeConfig
-from .errors import failing_rank
+from ..files import problem_writing
+from .errors import GradschedError, failing_rank
 from .comm.exchange import Exchange
 from .probe import probe_link
 from .clock import Clock
@@ -62,7 +63,8 @@ class Planner:
                  config: RuntimeConfig, owners: dict[str, list[str]], exchange: Exchange,
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
-                 settle: Callable[[], None] | None = None) -> None:
+                 settle: Callable[[], None] | None = None,
+                 on_buckets_kept: Callable[[], None] | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -76,6 +78,7 @@ class Planner:
         self.rank = rank
         self.world_size = world_size
         self.settle = settle  # waits until no gradient is in flight
+        self.on_buckets_kept = on_buckets_kept  # told on every rank when the measured trial keeps the buckets
         self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
         compare = world_size > 1 and policy.name != "fifo"
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
@@ -124,7 +127,7 @@ class Planner:
             del self._starts[old]
 
     def close(self) -> None:
-        self.group = self.probe_group = None
+        self.group = self.probe_group = self.on_buckets_kept = None  # the last: the coordinator's, a cycle
 
     # -- every rank ----------------------------------------------------------------------------
     def control_point(self, round_index: int) -> None:
@@ -154,6 +157,8 @@ class Planner:
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
         self.prediction = proposal.prediction or self.prediction
         self.trial = proposal.trial or self.trial
+        if proposal.trial is not None and proposal.trial.use_fifo and self.on_buckets_kept:
+            self.on_buckets_kept()
         self.tuning = proposal.tuning or self.tuning
         if proposal.plan is not None:
             previous = self.switches[-1][1] if self.switches else None
@@ -192,6 +197,20 @@ class Planner:
         or None before there is one."""
         timings = self._complete_timings()
         return measured_table(timings, self.owners, self.sizes, name) if timings else None
+
+    def export_profile(self, path: str, name: str) -> str:
+        """Write :meth:`measured` as a JSON profile (docs/profile-format.md); returns ``path``."""
+        problem = problem_writing(path)
+        if problem:
+            raise ValueError(f"export_profile({path!r}): {problem}")
+        table = self.measured(name)
+        if table is None:
+            raise GradschedError(
+                "export_profile: nothing measured yet: run a few training iterations first (the first backward "
+                "pass warms up; every parameter must get a gradient in the rounds measured)"
+            )
+        table.save(path)
+        return path
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def _propose(self, round_index: int, point: ControlPoint) -> Proposal | None:

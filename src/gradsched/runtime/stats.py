@@ -45,6 +45,7 @@ class RunStats:
     trial: TrialReport | None = None  # the measured comparison with DDP-style buckets (with fallback)
     autotune: TuningReport | None = None  # the online tuner's report (with autotune)
     switches: list[tuple[int, str]] = field(default_factory=list)  # (first round, policy) of every plan change
+    handed_off_round: int | None = None  # the buckets kept were handed to DDP's C++ reducer from this round on
 
     @property
     def fell_back(self) -> bool:

@@ -1,0 +1,83 @@
+"""Handing DDP-style buckets to PyTorch's own reducer.
+
+Where the measured trial keeps DDP-style buckets (:mod:`gradsched.control.arms`), gradsched's
+launcher would only add its Python work to what DDP does in C++. With ``handoff`` (the
+default) every rank then hands its gradients to a
+:class:`torch.nn.parallel.DistributedDataParallel` reducer at the same step, the one after
+the decision (every rank reaches it at the same round: a control point), and gradsched's
+own hooks stand aside from then on.
+
+The user's objects stay what they are: DDP's pre- and post-forward work (preparing the
+reducer, syncing buffers, joining) runs as forward hooks of the user's module, as
+``torch.distributed._composable.replicate`` runs it, so ``gradsched.wrap``'s model and
+``gradsched.DistributedDataParallel``'s module keep their class, their checkpoints and
+their pickling. The optimizer steps every parameter at once (the reduction finished inside
+backward, as under DDP); ``no_sync()`` and ``join()`` are DDP's.
+
+DDP is built on gradsched's data group (the user's backend) without the initial broadcast
+(the parameters are equal on every rank already), with the fallback's bucket size, buffer
+sync and unused-parameter search, and with compression, PyTorch's matching hook (gradsched's
+equivalent on CPU).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .comm.compression import ddp_hook, wire_dtype
+from .config import RuntimeConfig
+from .hooks import Hook
+
+#: the installed DDP calls the buffer sync before each forward ``forward_sync_buffers`` (2.13+)
+DDP_NAMES_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def hands_off(config: RuntimeConfig, workers: int) -> bool:
+    """Whether kept buckets go to DDP's reducer: with ``handoff``, all-reduce among several workers."""
+    return config.handoff and config.architecture == "allreduce" and workers > 1
+
+
+class TorchReducer:
+    """DDP's reducer over ``model``'s parameters, driven by forward hooks on ``model``."""
+
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup, config: RuntimeConfig, syncing: bool = True) -> None:
+        devices = {p.device for p in model.parameters()}
+        device = next(iter(devices))
+        buffers = {"forward_sync_buffers" if DDP_NAMES_FORWARD_SYNC else "broadcast_buffers": config.broadcast_buffers}
+        self.ddp = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None, process_group=group,
+            bucket_cap_mb=config.bucket_cap_mb, find_unused_parameters=config.find_unused_parameters,
+            init_sync=False, **buffers)
+        wire = wire_dtype(config.compression)
+        if wire is not None:
+            self.ddp.register_comm_hook(group, ddp_hook(wire))
+        self.sync(syncing)
+        self.rounds = 0  # backward passes it reduced (forward passes that will sync)
+        self._handles = [model.register_forward_pre_hook(Hook(self._before), with_kwargs=True),
+                         model.register_forward_hook(Hook(self._after))]
+
+    def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+            self.rounds += 1
+        DistributedDataParallel._active_ddp_module = self.ddp
+        return self.ddp._pre_forward(*args, **kwargs)
+
+    def _after(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        DistributedDataParallel._active_ddp_module = None
+        return self.ddp._post_forward(output)
+
+    def sync(self, enabled: bool) -> None:
+        """Whether backward passes reduce (``no_sync()`` turns it off, as DDP's does)."""
+        self.ddp.require_backward_grad_sync = enabled
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.ddp = None

@@ -1,0 +1,70 @@
+"""Worker: a policy whose measured trial keeps DDP-style buckets (certain: it would have to be
+99% faster) hands the gradients to DDP's own reducer at the same step on every rank, and
+trains as DDP does, through both APIs, no_sync() and BatchNorm buffers included.
+
+    python handoff.py OUT.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsched
+from launch import finish_with_report
+from train_compare import SMALL, Net, against, batches, seeded_reference
+
+STEPS = 24
+ACCUMULATE = (18, 19)  # these steps add a no_sync() micro-batch before the one that communicates
+OPTIONS = dict(policy="priority", policy_options=SMALL["priority"], profile_rounds=2, trial_rounds=3,
+               fallback_gain=0.99, replan_every=0)
+
+
+def run(model, opt, data, no_sync) -> None:
+    loss_fn = nn.CrossEntropyLoss()
+    for step, (x, y) in enumerate(data):
+        opt.zero_grad()
+        if step in ACCUMULATE:
+            with no_sync():
+                loss_fn(model(x.flip(0)), y.flip(0)).backward()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = batches(rank, STEPS)
+    reference, initial = seeded_reference()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    ddp = DDP(reference)
+    run(ddp, ref_opt, data, ddp.no_sync)
+    report = {}
+    for api in ("wrap", "DistributedDataParallel"):
+        torch.manual_seed(0)
+        net = Net()
+        if api == "wrap":
+            model, opt = gradsched.wrap(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), **OPTIONS)
+            stats, no_sync = (lambda: opt.stats), opt.no_sync
+        else:
+            model = gradsched.DistributedDataParallel(net, **OPTIONS)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            stats, no_sync = (lambda: model.stats), model.no_sync
+        run(model, opt, data, no_sync)
+        s = stats()
+        report[api] = {**against(net, reference, initial), "handed_off_round": s.handed_off_round,
+                       "settled_round": s.settled_round, "rounds": s.rounds, "plan_policy": s.plan_policy,
+                       "trial": s.as_dict()["trial"], "class": type(net).__name__}
+        (opt if api == "wrap" else model).close()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, report)
+    finish_with_report(sys.argv[1], everyone)
+
+
+if __name__ == "__main__":
+    main()
