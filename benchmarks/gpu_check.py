@@ -246,8 +246,9 @@ def part_two_ranks(device: torch.device, quick: bool) -> list[dict]:
     expected = state(reference)
     rows = []
     for policy in POLICIES:
+        # gradsched's own data plane throughout (no hand-off to DDP's reducer), one trial pair: short
         model = gradsched.DistributedDataParallel(copy.deepcopy(initial), policy=policy, find_unused_parameters=True,
-                                                  profile_rounds=3, trial_rounds=3)
+                                                  profile_rounds=3, trial_rounds=3, trial_pairs=1, handoff=False)
         marks: list = []
         amp_steps(model, optimizer_for("sgd", model, device), data, device, 1.0, stream=side, marks=marks)
         diff = max_diff(state(model), expected)

@@ -45,7 +45,8 @@ steps = 0
 try:
     model, opt = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler",
                                 policy_options={"partition_bytes": 16384, "credit_bytes": 65536},
-                                timeout=float(os.environ.get("TIMEOUT", "30")), **ps)
+                                timeout=float(os.environ.get("TIMEOUT", "30")),
+                                handoff=False, **ps)  # gradsched's own failure handling (DDP's, once handed off)
     while True:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()

@@ -1,6 +1,8 @@
 """Worker: a policy whose measured trial keeps DDP-style buckets (certain: it would have to be
 99% faster) hands the gradients to DDP's own reducer at the same step on every rank, and
-trains as DDP does, through both APIs, no_sync() and BatchNorm buffers included.
+trains as DDP does, through both APIs, no_sync() and BatchNorm buffers included, and an
+epoch of uneven inputs under join() at the end (rank 0 has 3 more batches than rank 1:
+DDP's own join, the joined rank shadowing with zeros).
 
     python handoff.py OUT.json
 """
@@ -24,6 +26,10 @@ OPTIONS = dict(policy="priority", policy_options=SMALL["priority"], profile_roun
                fallback_gain=0.99, replan_every=0)
 
 
+def uneven(rank: int) -> list:
+    return batches(50 + rank, 4 if rank == 0 else 1)
+
+
 def run(model, opt, data, no_sync) -> None:
     loss_fn = nn.CrossEntropyLoss()
     for step, (x, y) in enumerate(data):
@@ -44,18 +50,22 @@ def main() -> None:
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     ddp = DDP(reference)
     run(ddp, ref_opt, data, ddp.no_sync)
+    with ddp.join():
+        run(ddp, ref_opt, uneven(rank), ddp.no_sync)
     report = {}
     for api in ("wrap", "DistributedDataParallel"):
         torch.manual_seed(0)
         net = Net()
         if api == "wrap":
             model, opt = gradsched.wrap(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), **OPTIONS)
-            stats, no_sync = (lambda: opt.stats), opt.no_sync
+            stats, no_sync, joinable = (lambda: opt.stats), opt.no_sync, opt
         else:
             model = gradsched.DistributedDataParallel(net, **OPTIONS)
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            stats, no_sync = (lambda: model.stats), model.no_sync
+            stats, no_sync, joinable = (lambda: model.stats), model.no_sync, model
         run(model, opt, data, no_sync)
+        with joinable.join():
+            run(model, opt, uneven(rank), no_sync)
         s = stats()
         report[api] = {**against(net, reference, initial), "handed_off_round": s.handed_off_round,
                        "settled_round": s.settled_round, "rounds": s.rounds, "plan_policy": s.plan_policy,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from gradsched.runtime import wire_format
 from launch import run_ranks
 
 
@@ -15,7 +16,8 @@ def test_foreign_messages_are_refused_and_never_unpickled(tmp_path):
     server = json.loads((tmp_path / "out.json.1").read_text())
     pickled, newer, typed, truncated, kind, size = server["errors"]
     assert "a message from rank 0 is not a gradsched message" in pickled
-    assert "rank 0 speaks gradsched wire format version 2, this rank version 1" in newer
+    version = wire_format.VERSION
+    assert f"rank 0 speaks gradsched wire format version {version + 1}, this rank version {version}" in newer
     assert "a malformed 'plan' message from rank 0: Expected `int`, got `str` - at `$.plan.messages[0].nbytes`" in typed
     assert "a message from rank 0 is not a gradsched message" in truncated
     assert "expected a 'plan' message from rank 0, got a 'checks' message" in kind
