@@ -29,7 +29,7 @@ from gradsched.core.policies.fifo import assign_buckets
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.comm.plans import tensor_specs
 from gradsched.runtime.probe import cast_cost, probe_link
-from gradsched.runtime.comm.ps import chunks, message_tag, pieces
+from gradsched.runtime.comm.ps import cut, message_tag
 
 from .ddp_trace import DdpTracer
 from .host import HostCpu
@@ -225,8 +225,8 @@ class _Rank:
             def round_trip() -> None:
                 works = []
                 for k, (push, pull) in enumerate(buffers):
-                    for server, (lo, hi) in zip(servers, chunks(push.numel(), self.servers)):
-                        for p, (a, b) in enumerate(pieces(lo, hi, push.element_size())):
+                    for server, chunk in zip(servers, cut(push.numel(), self.servers, push.element_size())):
+                        for p, (a, b) in enumerate(chunk):
                             tag = message_tag(k, 0, p)
                             works += [dist.isend(push[a:b], server, tag=tag), dist.irecv(pull[a:b], server, tag=tag)]
                 for work in works:
@@ -238,8 +238,7 @@ class _Rank:
         def serve() -> None:
             received = {}
             for k, n in enumerate(sizes):
-                lo, hi = chunks(n, self.servers)[me]
-                for p, (a, b) in enumerate(pieces(lo, hi, 4)):
+                for p, (a, b) in enumerate(cut(n, self.servers, torch.float32.itemsize)[me]):
                     tag = message_tag(k, 0, p)
                     received[tag] = [(buf, dist.irecv(buf, w, tag=tag)) for w in workers for buf in [torch.empty(b - a)]]
             sends = []

@@ -177,16 +177,14 @@ class ArmsExperiment:
         index = len(self.scores)
         kind = self.kinds[index]
         plan = None
-        if kind == ArmKind.BUCKETS and self._first(ArmKind.BUCKETS) is None:
+        earlier = self._first(kind) if kind in (ArmKind.POLICY, ArmKind.BUCKETS) else None
+        if earlier is not None:  # the policy or the buckets again, on the plan their first arm ran
+            options, plan = None if earlier.options is None else dict(earlier.options), earlier.plan
+        elif kind == ArmKind.BUCKETS:
             options = None
         elif kind == ArmKind.CONFIRM:
             ranked = self.ranked()
             options, plan = (dict(ranked[0].options), ranked[0].plan) if ranked else (dict(self.start), None)
-        elif kind == ArmKind.POLICY and self._first(ArmKind.POLICY) is not None:
-            first = self._first(ArmKind.POLICY)  # the policy again, on the plan it ran the first time
-            options, plan = dict(first.options), first.plan
-        elif kind == ArmKind.BUCKETS and self._first(ArmKind.BUCKETS) is not None:
-            options, plan = None, self._first(ArmKind.BUCKETS).plan
         elif self.tuner is not None:
             self._candidate = self.tuner.ask()
             options = dict(self._candidate.options)

@@ -161,7 +161,7 @@ class Coordinator:
         self._handles.append(self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if self._closed or self.reducer is not None:
+        if self._closed:
             return
         i = self.index[id(p)]
         grad = plain(p.grad)  # None: an undefined gradient reached this parameter
@@ -193,7 +193,7 @@ class Coordinator:
         self.current.begin(self.exchange.homes(self.round + 1))
 
     def _before_root(self, module: nn.Module, args: Any) -> None:
-        if self._closed or self.reducer is not None:
+        if self._closed:
             return
         self._close_round()
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
@@ -254,7 +254,7 @@ class Coordinator:
             self._tracing_module = None
 
     def _before_module(self, module: nn.Module, args: Any) -> None:
-        if self._closed or self.reducer is not None:
+        if self._closed:
             return
         self.current.ran.add(id(module))
         idx = self._waits.get(module)
@@ -368,15 +368,14 @@ class Coordinator:
         if self._hand_off:
             self._hand_off_buckets()
 
-    def _buckets_kept(self) -> None:
-        """The measured trial kept DDP-style buckets (every rank, one control point); inside
-        join() no rank steps at the same point, so there the buckets stay gradsched's."""
+    def _buckets_kept(self) -> None:  # every rank, one control point; inside join() no rank steps at one point
         self._hand_off = hands_off(self.config, self.world_size) and not self.uneven.enabled
 
     def _hand_off_buckets(self) -> None:
         """DDP's C++ reducer reduces from the next backward pass on (:mod:`gradsched.runtime.handoff`)."""
         self._hand_off = False
         self.synchronize()
+        self._detach_hooks()  # gradsched's own: off the training thread's path from now on
         self.reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=not self._no_sync)
         self.handed_off_round, self.uneven = self.round + 1, self.reducer.ddp  # join(): DDP's own
 
@@ -462,12 +461,15 @@ class Coordinator:
         return self.exchange.error is None and not self._broken and not any(map(self.exchange.in_flight,
                                                                                  range(len(self.params))))
 
-    def _abandon(self) -> None:
-        """Undo a construction that failed half-way: the hooks attached, the threads started."""
-        self._closed = True
+    def _detach_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    def _abandon(self) -> None:
+        """Undo a construction that failed half-way: the hooks attached, the threads started."""
+        self._closed = True
+        self._detach_hooks()
         if hasattr(self, "peers"):
             self.peers.stop()
         self.exchange.close(wait=False)
@@ -486,9 +488,7 @@ class Coordinator:
                 self.uneven = UnevenInputs(self)  # let go of DDP (and through it of the model)
             self._active_at = time.monotonic()
             self.peers.close(self._status())
-            for handle in self._handles:
-                handle.remove()
-            self._handles.clear()
+            self._detach_hooks()
             if self.unused is not None:
                 self.unused.close()
             for release in self.on_close:  # what the objects users hold let go of (DistributedDataParallel's)

@@ -110,8 +110,15 @@ class PushPull(Network):
         return self._transfer(nbytes, (push, Segment("pull", start, end)), cast)
 
 
+def network_for(arch: str, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0,
+                cast_s_per_byte: float = 0.0, servers: int = 1) -> Network:
+    """One worker's links for ``arch``: a FIFO link, or pushes and pulls to ``servers``
+    servers answering in pieces."""
+    if arch == "ps":
+        return PushPull(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte, lead_bytes=servers * PS_PIECE_BYTES)
+    return Network(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte)
+
+
 def make_network(cluster: Cluster) -> Network:
-    if cluster.arch == "ps":
-        return PushPull(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte,
-                        lead_bytes=cluster.num_servers * PS_PIECE_BYTES)
-    return Network(cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s, cluster.cast_s_per_byte)
+    return network_for(cluster.arch, cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s,
+                       cluster.cast_s_per_byte, cluster.num_servers)

@@ -20,12 +20,12 @@ from typing import Mapping, Sequence
 
 from ..core import Scheduler
 from ..core.base import PolicyConfig
-from ..core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
+from ..core.plan import Plan, PlannedMessage
 from ..core.task import TensorSpec
 from .cluster import ARCHITECTURES
 from .driver import Cause, Driver, Launched
 from .events import Event, EventLoop, Kind
-from .network import Network, PushPull
+from .network import network_for
 
 DEFAULT_LATENCY_S = 50e-6
 DEFAULT_SECONDS_PER_BYTE = 1e-9  # 8 Gbit/s, until the link has been measured
@@ -61,10 +61,7 @@ def make_plan(
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
     engine = Scheduler(tensors, policy.build())
-    if arch == "ps":
-        network = PushPull(latency_s, seconds_per_byte, overhead_s, lead_bytes=servers * PS_PIECE_BYTES)
-    else:
-        network = Network(latency_s, seconds_per_byte, overhead_s)
+    network = network_for(arch, latency_s, seconds_per_byte, overhead_s, servers=servers)
     recorder = _Recorder()
     loop = EventLoop()
     driver = Driver(engine, network, loop, recorder.launched)

@@ -66,6 +66,12 @@ def pieces(lo: int, hi: int, element_size: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
 
+def cut(numel: int, servers: int, element_size: int) -> list[list[tuple[int, int]]]:
+    """How a buffer of ``numel`` elements travels: for each server in order, the (first, end)
+    element of each piece of its chunk."""
+    return [pieces(lo, hi, element_size) for lo, hi in chunks(numel, servers)]
+
+
 def chunks(numel: int, servers: int) -> list[tuple[int, int]]:
     """(first, end) element of each server's chunk of a buffer of ``numel`` elements."""
     base, extra = divmod(numel, servers)
@@ -191,14 +197,14 @@ class PushPull(BaseTransport):
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
                                  f"!= layout {layout}")
-        # The average comes back into the buffer it was pushed from: a server answers a chunk
+        # The average comes back into the buffer it was pushed from: a server answers a piece
         # only once it received all of it from every worker, so by the time the first byte
-        # of the answer arrives, this rank's send has read the whole chunk.
+        # of the answer arrives, this rank's send has read the whole piece.
         sends, receives = [], []
         for j, buffer in enumerate(buffers):
-            cut = [pieces(lo, hi, buffer.element_size()) for lo, hi in chunks(buffer.numel(), len(self.servers))]
-            for p in range(max(len(c) for c in cut)):  # piece p to every server, then piece p + 1
-                for server, chunk in zip(self.servers, cut):
+            by_server = cut(buffer.numel(), len(self.servers), buffer.element_size())
+            for p in range(max(len(c) for c in by_server)):  # piece p to every server, then piece p + 1
+                for server, chunk in zip(self.servers, by_server):
                     if p < len(chunk):
                         (a, b), tag = chunk[p], message_tag(key.index, j, p)
                         sends.append(dist.isend(buffer[a:b], dst=server, group=self.group, tag=tag))

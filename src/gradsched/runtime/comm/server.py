@@ -2,11 +2,12 @@
 
 A server serves rounds one at a time. It waits for every worker's header of the round
 (all must name the same round and plan), takes the plan (received from rank 0 when it was
-adopted), posts a receive of its chunk of every message from each worker, and then,
-message by message in plan order (the order every worker pushes in), sums the workers'
-chunks in worker order, divides the sum by the number of workers and sends this average
-back to every worker, piece by piece (see :mod:`gradsched.runtime.comm.ps`). (DDP divides before summing; dividing the sum does the same work once
-on a server instead of on every worker, and with two workers gives the same bits.)
+adopted), posts a receive of each piece of its chunk of every message from each worker
+(:func:`gradsched.runtime.comm.ps.cut`), and then, piece by piece in plan order (the order
+every worker pushes in), sums the workers' pieces in worker order, divides the sum by the
+number of workers and sends this average back to every worker. (DDP divides before
+summing; dividing the sum does the same work once on a server instead of on every worker,
+and with two workers gives the same bits.)
 
 The receive buffers of a plan are kept from round to round: a round's answers are all sent
 before the next round's receives are posted.
@@ -27,7 +28,7 @@ from ...core.plan import Plan
 from .. import wire_format
 from ..errors import GradschedError
 from ..topology import Topology
-from .ps import HEADER_TAG, STOP, buffer_layout, chunks, message_tag, pieces
+from .ps import HEADER_TAG, STOP, buffer_layout, cut, message_tag
 
 
 class Server:
@@ -135,8 +136,7 @@ class Server:
             buffers = {}
             for k, message in enumerate(self._plan(version).messages):
                 for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
-                    lo, hi = chunks(total_numel, len(self.servers))[self.me]
-                    for p, (a, b) in enumerate(pieces(lo, hi, dtype.itemsize)):
+                    for p, (a, b) in enumerate(cut(total_numel, len(self.servers), dtype.itemsize)[self.me]):
                         buffers[(k, j, p)] = [torch.empty(b - a, dtype=dtype) for _ in self.workers]
             self._buffers = (version, buffers)
         return self._buffers[1]
