@@ -1,7 +1,7 @@
 """Run the selected PyTorch DDP tests against gradsched (every policy) and against PyTorch's DDP.
 
     python tests/conformance/run.py                                  # gradsched, default policy
-    python tests/conformance/run.py --policy all --reference --json docs/figures/conformance.json
+    python tests/conformance/run.py --policy all --reference --mutant --json docs/figures/conformance.json
     python tests/conformance/run.py --table docs/figures/conformance.json   # what docs/conformance.md shows
 
 Each (target, policy) runs in one child process, ``python -m unittest``-style, in which every
@@ -26,11 +26,22 @@ POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 DEFAULT_POLICY = "bytescheduler"
 
 
+MUTANT = "mutant"  # the target gradsched that never reduces (tests/mutant)
+MUTANT_LABEL = "gradsched, no reduction (mutant)"
+
+
 def child_env(target: str, policy: str | None, test_timeout: int) -> dict[str, str]:
-    env = dict(os.environ, BACKEND="gloo", WORLD_SIZE="2", GRADSCHED_CONFORMANCE_TARGET=target,
+    path = [str(HERE)] + ([str(HERE.parent / "mutant")] if target == MUTANT else [])
+    env = dict(os.environ, BACKEND="gloo", WORLD_SIZE="2",
+               GRADSCHED_CONFORMANCE_TARGET="gradsched" if target == MUTANT else target,
                OMP_NUM_THREADS="1",  # one intra-op thread per rank: sums in a fixed order
-               DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout), PYTHONPATH=str(HERE))
+               DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout), PYTHONPATH=os.pathsep.join(path))
     env.pop("GRADSCHED_POLICY", None)
+    env.pop("GRADSCHED_MUTANT", None)
+    if target == MUTANT:
+        env["GRADSCHED_MUTANT"] = "no-reduction"
+    for name in ("SANDCASTLE", "TW_JOB_USER"):  # upstream's skips turn into passes under these
+        env.pop(name, None)
     if policy is not None:
         env["GRADSCHED_POLICY"] = policy
     return env
@@ -99,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tests", nargs="*", help="test names (default: the whole selection)")
     parser.add_argument("--policy", default=DEFAULT_POLICY, help="comma-separated policies, or 'all'")
     parser.add_argument("--reference", action="store_true", help="also run PyTorch's own DDP")
+    parser.add_argument("--mutant", action="store_true",
+                        help="also run a gradsched that never reduces (the default policy): what the tests guard")
     parser.add_argument("--json", type=Path, help="write every outcome here")
     parser.add_argument("--table", type=Path, help="print the summary of a JSON written before, and stop")
     parser.add_argument("--test-timeout", type=int, default=90, help="seconds before a test counts as hung")
@@ -119,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(policies) - set(POLICIES))
     if bad:
         parser.error(f"unknown policy {', '.join(bad)}; choose from {', '.join(POLICIES)} or 'all'")
-    runs = ([("torch", None)] if args.reference else []) + [("gradsched", p) for p in policies]
+    runs = (([("torch", None)] if args.reference else []) + [("gradsched", p) for p in policies]
+            + ([(MUTANT, DEFAULT_POLICY)] if args.mutant else []))
     import torch
 
     report = {"torch": torch.__version__, "tests": names, "runs": {}}
     for target, policy in runs:
-        label = "torch DDP" if target == "torch" else f"gradsched {policy}"
+        label = {"torch": "torch DDP", MUTANT: MUTANT_LABEL}.get(target, f"gradsched {policy}")
         started = time.monotonic()
         print(f"{label}: {len(names)} tests ...", flush=True)
         report["runs"][label] = run_tests(names, target, policy, args.test_timeout)
@@ -132,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(headline(report), summary(report), sep="\n\n")
-    failed = [n for label, outcomes in report["runs"].items() if label != "torch DDP"
+    failed = [n for label, outcomes in report["runs"].items() if label not in ("torch DDP", MUTANT_LABEL)
               for n in names if outcomes.get(n, {}).get("outcome") != "passed"]
     return 1 if failed else 0
 
@@ -157,7 +171,7 @@ def headline(report: dict) -> str:
     from selection import EXCLUDED
 
     total = len(report["tests"])
-    ours = [label for label in report["runs"] if label != "torch DDP"]
+    ours = [label for label in report["runs"] if label not in ("torch DDP", MUTANT_LABEL)]
     counts = {_passed(report, label) for label in ours}
     reference = (f"PyTorch's DDP passes {_passed(report, 'torch DDP')} of them here; "
                  if "torch DDP" in report["runs"] else "")
@@ -165,8 +179,14 @@ def headline(report: dict) -> str:
         ours_text = f"gradsched passes {counts.pop()} under each of its {len(ours)} policies"
     else:
         ours_text = "gradsched passes " + ", ".join(f"{_passed(report, l)} ({l})" for l in ours)
+    mutant = ""
+    if MUTANT_LABEL in report["runs"]:
+        mutant = (f" Against a gradsched that never reduces (each rank's all-reduce hands back its own gradients), "
+                  f"{_passed(report, MUTANT_LABEL)} of them still pass: those guard the rest of the contract, not the "
+                  "reduction, which the project's own equality tests guard (tests/distributed/test_mutant.py: "
+                  "they fail on it).")
     return (f"{total} of PyTorch {report['torch']}'s own DDP tests run against gradsched ({len(EXCLUDED)} more "
-            f"that construct a DDP are excluded, each with its reason): {reference}{ours_text}.")
+            f"that construct a DDP are excluded, each with its reason): {reference}{ours_text}.{mutant}")
 
 
 def exclusions() -> str:

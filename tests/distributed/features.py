@@ -9,7 +9,6 @@ far the parameters moved, so a test can tell "equal" from "nothing happened".
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -19,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish
+from launch import finish_with_every_report
 from gradsched.runtime import GradschedError
 
 POLICIES = ["fifo", "bytescheduler", "prophet"]
@@ -293,13 +292,7 @@ def main() -> None:
             report[name] = checkpoint(rank)
         elif name == "world-errors":
             report[name] = world_errors(rank)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, report)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(gathered, f)
-    dist.destroy_process_group()
-    finish()
+    finish_with_every_report(out_path, report)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ def finish_with_report(path: str, report: object) -> None:
     finish()
 
 
+def finish_with_every_report(path: str, report: object) -> None:
+    """Every rank's ``report``, gathered (a list in rank order) and written by rank 0 as JSON;
+    then as :func:`finish_with_report`."""
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, report)
+    finish_with_report(path, gathered)
+
+
 def finish() -> None:
     """End a worker script once its results are written and its process group destroyed:
     flush and leave without the interpreter's shutdown, so that each test checks what it is

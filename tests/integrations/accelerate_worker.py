@@ -13,10 +13,11 @@ import sys
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import BertConfig, BertForSequenceClassification
 
-from gradsched.integrations.accelerate import prepare
+from gradsched.integrations.accelerate import GradschedAccelerator, prepare
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/distributed")
 from launch import finish_with_report  # noqa: E402
@@ -44,13 +45,19 @@ def loader() -> DataLoader:
     return DataLoader(TensorDataset(ids, labels), batch_size=4)  # Accelerate shards it over the ranks
 
 
-def train(policy: str | None, first: int = 0, save: str | None = None, load: str | None = None):
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+def train(policy: str | None, first: int = 0, save: str | None = None, load: str | None = None, hook: bool = False,
+          subclass: bool = False):
+    handlers = [DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.FP16)] if hook else []
+    if subclass:  # GradschedAccelerator: Accelerate's own prepare() wraps with gradsched
+        accelerator = GradschedAccelerator(cpu=True, gradient_accumulation_steps=2, kwargs_handlers=handlers,
+                                           policy=policy, policy_options=SMALL[policy], gradsched={"fallback": False})
+    else:
+        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, kwargs_handlers=handlers)
     net = model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     objects = (net, optimizer, loader(), scheduler)
-    if policy is None:
+    if policy is None or subclass:
         net, optimizer, data, scheduler = accelerator.prepare(*objects)
     else:
         net, optimizer, data, scheduler = prepare(accelerator, *objects, policy=policy,
@@ -70,7 +77,7 @@ def train(policy: str | None, first: int = 0, save: str | None = None, load: str
             optimizer.zero_grad()
         if save and index + 1 == STEPS // 2:
             accelerator.save_state(save)
-    inner = net.module if policy is not None else accelerator.unwrap_model(net)
+    inner = accelerator.unwrap_model(net)  # gradsched's wrapper unwraps as DDP does
     rounds = None
     if policy is not None:
         rounds = net.stats.rounds  # backward passes that communicated
@@ -93,6 +100,11 @@ def main() -> None:
         ours, report["rounds"][policy] = train(policy, save=ckpt if policy == "prophet" else None)
         report["cases"][policy] = gap(ours, reference)
     report["cases"]["resume-under-ddp"] = gap(train(None, first=STEPS // 2, load=ckpt)[0], reference)
+    hooked, _ = train(None, hook=True)  # DistributedDataParallelKwargs(comm_hook=FP16): fp16 on the wire
+    report["hook_bites"] = gap(hooked, reference)
+    report["cases"]["fp16-hook/prophet"] = gap(train("prophet", hook=True)[0], hooked)
+    report["cases"]["accelerator/bytescheduler"] = gap(train("bytescheduler", subclass=True)[0], reference)
+    report["cases"]["accelerator/fp16-hook/prophet"] = gap(train("prophet", hook=True, subclass=True)[0], hooked)
     finish_with_report(out, report)
 
 

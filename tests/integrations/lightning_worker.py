@@ -69,6 +69,15 @@ def fit(strategy, epochs: int, manual: bool = False, precision: str = "32-true",
     return [p.detach().clone() for p in module.parameters()]
 
 
+class HookedDDPStrategy(DDPStrategy):
+    """Lightning's DDPStrategy, registering its communication hook on CPU too (it does on CUDA only)."""
+
+    def _register_ddp_hooks(self) -> None:
+        from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
+
+        _register_ddp_comm_hook(self.model, self._ddp_comm_state, self._ddp_comm_hook, self._ddp_comm_wrapper)
+
+
 def gap(a, b) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
@@ -88,6 +97,15 @@ def main() -> None:
             ours = fit(strategy, 2, **kwargs)
             report["cases"][f"{name}/{policy}"] = gap(ours, reference)
             report["rounds"][f"{name}/{policy}"] = strategy.stats.rounds  # backward passes that communicated
+    # a communication hook (ddp_comm_hook=), fp16 on the wire: against DDP with the same hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    reference = fit(HookedDDPStrategy(ddp_comm_hook=default_hooks.fp16_compress_hook), 2)
+    report["hook_bites"] = gap(reference, fit(DDPStrategy(), 2))
+    for policy in ("fifo", "prophet"):
+        strategy = GradschedStrategy(policy=policy, policy_options=SMALL[policy], fallback=False,
+                                     ddp_comm_hook=default_hooks.fp16_compress_hook)
+        report["cases"][f"fp16-hook/{policy}"] = gap(fit(strategy, 2), reference)
     # resume: 2 epochs, a checkpoint, 2 more, against 4 uninterrupted (DDP), both ways
     reference = fit(DDPStrategy(), 4)
     half = f"{ckpt_dir}/half.ckpt"

@@ -1,7 +1,9 @@
-"""gradsched's Accelerate ``prepare`` against Accelerate's own DDP, with the real Accelerate
+"""gradsched's Accelerate ``prepare`` and ``GradschedAccelerator`` against Accelerate's own DDP, with the real Accelerate
 and transformers (a 2-layer BERT, random init, nothing downloaded), 2 gloo ranks
 (accelerate_worker.py): accumulation, clipping, an LR scheduler, and a checkpoint from
-``accelerator.save_state`` under gradsched resumed under DDP.
+``accelerator.save_state`` under gradsched resumed under DDP; ``accelerator.unwrap_model`` on
+gradsched's wrapper; a communication hook asked for with ``DistributedDataParallelKwargs(comm_hook=FP16)``
+against Accelerate's DDP with the same hook.
 
 Tolerance: 1e-6 absolute (parameters move by about 2e-2; the runs are identical here).
 """
@@ -21,7 +23,8 @@ TOLERANCE = 1e-6
 def test_gradsched_prepare_equals_accelerates_ddp(tmp_path):
     report = run_worker("accelerate_worker.py", tmp_path)
     assert report["moved"] > 1e-2
-    assert len(report["cases"]) == 5
+    assert len(report["cases"]) == 8
+    assert report["hook_bites"] > 10 * TOLERANCE  # the fp16 hook's rounding shows
     for case, difference in report["cases"].items():
         assert difference <= TOLERANCE, case
     # 8 batches per rank, a step every 2: only the steps' backward passes communicate

@@ -8,11 +8,11 @@ pytest.importorskip("lightning", reason="the lightning extra is not installed: p
 pytest.importorskip("accelerate", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
 
 
-def test_gradsched_strategy_refuses_ddp_communication_hooks():
+def test_gradsched_strategy_refuses_post_local_sgd():
     from gradsched.integrations.lightning import GradschedStrategy
 
-    with pytest.raises(ValueError, match="ddp_comm_hook= is DDP's"):
-        GradschedStrategy(ddp_comm_hook=lambda state, bucket: None)
+    with pytest.raises(ValueError, match="model_averaging_period= \\(post-local SGD\\)"):
+        GradschedStrategy(model_averaging_period=4)
     assert GradschedStrategy(policy="prophet", find_unused_parameters=True)._ddp_kwargs == {
         "find_unused_parameters": True}
 

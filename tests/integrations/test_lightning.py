@@ -1,7 +1,8 @@
 """GradschedStrategy against Lightning's own DDPStrategy, with the real Lightning, 2 gloo
 ranks (lightning_worker.py): automatic optimisation with gradient_clip_val and
 accumulate_grad_batches, bf16-mixed, manual optimisation with clipping, an LR scheduler from
-configure_optimizers; resume from a mid-run checkpoint, under gradsched and under DDP.
+configure_optimizers; ``ddp_comm_hook=fp16_compress_hook`` against DDPStrategy with the same hook
+(registered on CPU); resume from a mid-run checkpoint, under gradsched and under DDP.
 
 Tolerance: 1e-6 absolute (parameters move by 2e-2 to 3e-2; the runs are identical here).
 """
@@ -21,7 +22,8 @@ def test_gradsched_strategy_equals_ddp_strategy(tmp_path):
     report = run_worker("lightning_worker.py", tmp_path)
     assert report["clipping_bites"] > 1e-3
     assert all(moved > 1e-2 for moved in report["moved"].values())
-    assert len(report["cases"]) == 3 * 4 + 2
+    assert len(report["cases"]) == 3 * 4 + 2 + 2
+    assert report["hook_bites"] > 10 * TOLERANCE  # the fp16 hook's rounding shows
     for case, difference in report["cases"].items():
         assert difference <= TOLERANCE, case
     # 64 samples, 2 ranks, batch 8: 4 batches per rank and epoch, 2 epochs. Accumulating 2

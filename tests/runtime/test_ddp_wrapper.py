@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import gradsched
 from gradsched.runtime import GradschedError
@@ -114,7 +115,8 @@ def test_the_policy_comes_from_the_environment_when_not_given(world_of_one, monk
 @pytest.mark.parametrize("options, error, match", [
     ({"bucket_cap_mbb": 10}, TypeError, "did you mean 'bucket_cap_mb'"),
     ({"mixed_precision": object()}, GradschedError, "mixed_precision= is not supported"),
-    ({"process_group": object()}, GradschedError, "only the default process group"),
+    ({"process_group": object()}, TypeError, "process_group must be a torch.distributed.ProcessGroup"),
+    ({"process_group": "world", "device_mesh": object()}, GradschedError, "process_group or device_mesh, not both"),
     ({"device_ids": [0]}, GradschedError, "device_ids=\\[0\\] must name the one device"),
     ({"dim": 1}, GradschedError, "dim=1"),
     ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be > 0"),
@@ -140,8 +142,8 @@ def test_misuse_gives_one_clear_error_each(world_of_one):
         model.clip_grad_norm_(1.0)
     with pytest.raises(GradschedError, match="clip_grad_value_: no backward pass has run yet"):
         model.clip_grad_value_(1.0)
-    with pytest.raises(GradschedError, match="takes no DDP communication hook"):
-        model.register_comm_hook(None, lambda state, bucket: None)
+    with pytest.raises(TypeError, match="hook must be callable"):
+        model.register_comm_hook(None, "allreduce")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(GradschedError, match="no backward pass that communicates ran"):
         optimizer.step(lambda: None)
@@ -153,7 +155,21 @@ def test_misuse_gives_one_clear_error_each(world_of_one):
     with pytest.raises(GradschedError, match="a second optimizer steps this model's parameters"):
         second.step()
     torch.optim.SGD(net().parameters(), lr=0.1).step()  # an optimizer of another model is left alone
+    with pytest.raises(GradschedError, match="register the hook before the first backward pass"):
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
     model.close()
+
+
+def test_a_communication_hook_is_registered_once_and_not_with_compression(world_of_one):
+    model = gradsched.DistributedDataParallel(net(), policy="prophet")
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    with pytest.raises(GradschedError, match="registered already"):
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    model.close()
+    compressed = gradsched.DistributedDataParallel(net(), compression="bf16")
+    with pytest.raises(GradschedError, match="compression='bf16' and a communication hook both decide"):
+        compressed.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    compressed.close()
 
 
 def test_lbfgs_is_refused_when_it_first_steps(world_of_one):
@@ -241,3 +257,56 @@ def test_a_model_under_wrap_pickles_with_inert_hooks(world_of_one, tmp_path):
     x = batches(1)[0][0]
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
     optimizer.close()
+
+
+def test_it_is_a_torch_ddp_and_unwraps_as_one(world_of_one):
+    """``isinstance(model, DDP)``, the unwrapping helpers of scripts and of Accelerate, and what
+    code reads on a DDP object; DDP's reducer methods raise naming themselves."""
+    from accelerate.utils import extract_model_from_parallel
+
+    inner = net()
+    model = gradsched.DistributedDataParallel(inner, policy="fifo")
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert (model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model) is inner
+    assert extract_model_from_parallel(model) is inner
+    assert model.process_group is torch.distributed.group.WORLD and model.device_ids is None
+    assert model.device == torch.device("cpu") and model.dim == 0 and not model.find_unused_parameters
+    assert model.require_backward_grad_sync and model.require_forward_param_sync and model.will_sync_module_buffers() \
+        is False  # no buffers in this net
+    assert model._distributed_rank == 0 and model.bucket_bytes_cap == 25 << 20
+    assert model.train() is model and model.training
+    with pytest.raises(GradschedError, match=r"_set_static_graph\(\) is DDP's and acts on DDP's C\+\+ reducer"):
+        model._set_static_graph()
+    with pytest.raises(AttributeError, match="'reducer': it belongs to DDP's C\\+\\+ reducer"):
+        model.reducer
+    assert not hasattr(model, "reducer") and not hasattr(model, "no_such_thing")
+    model.close()
+
+
+class _Recorder(nn.Module):
+    """Records the devices of its (nested) inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.seen: list[str] = []
+
+    def forward(self, x, pair, extra=None):
+        self.seen = [str(t.device) for t in (x, *pair, extra["t"])]
+        return self.lin(torch.ones(1, 3))
+
+
+def test_device_ids_move_nested_inputs_to_the_device_as_ddp(world_of_one):
+    """With ``device_ids``, tensors nested in args and kwargs reach the module on the wrapper's
+    device (DDP's own mover): shown with the device set to ``meta``, so a move is visible on CPU;
+    without ``device_ids`` nothing moves, as DDP."""
+    plain = gradsched.DistributedDataParallel(_Recorder(), policy="fifo")
+    plain(torch.zeros(1), (torch.zeros(1), torch.zeros(1)), extra={"t": torch.zeros(1)})
+    assert plain.module.seen == ["cpu"] * 4
+    plain.close()
+    model = gradsched.DistributedDataParallel(_Recorder(), device_ids=[torch.device("cpu")], policy="fifo")
+    assert model.device_ids == [torch.device("cpu")]
+    model.device = torch.device("meta")  # where DDP would move them: the mechanism, seen on a CPU machine
+    model(torch.zeros(1), (torch.zeros(1), torch.zeros(1)), extra={"t": torch.zeros(1)})
+    assert model.module.seen == ["meta"] * 4
+    model.close()

@@ -151,8 +151,8 @@ class ArmsExperiment:
                  tuner: Proposer | None = None) -> None:
         if not kinds:
             raise ValueError("an experiment needs at least one arm")
-        if not 0.0 <= gain < 1.0:
-            raise ValueError(f"gain must be in [0, 1), got {gain}")
+        if not gain < 1.0:
+            raise ValueError(f"gain must be < 1, got {gain}")
         if ArmKind.CANDIDATE in kinds and tuner is None:
             raise ValueError("candidate arms need a tuner")
         self.kinds = tuple(kinds)

@@ -21,6 +21,8 @@ from typing import Any, Iterator
 from ..extras import require
 
 require("lightning", "lightning")
+import torch  # noqa: E402
+from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry  # noqa: E402
 
 from ..runtime.ddp import DistributedDataParallel  # noqa: E402
@@ -29,16 +31,17 @@ from ..runtime.ddp import DistributedDataParallel  # noqa: E402
 class GradschedStrategy(DDPStrategy):
     """``DDPStrategy`` with gradsched: ``policy``, ``policy_options`` and any
     :class:`gradsched.runtime.RuntimeConfig` option as keywords; DDP's own keywords
-    (``find_unused_parameters``, ``bucket_cap_mb``, ...) as ``DDPStrategy`` takes them.
-    DDP communication hooks and post-local-SGD averaging are refused."""
+    (``find_unused_parameters``, ``bucket_cap_mb``, ...) as ``DDPStrategy`` takes them, and
+    ``ddp_comm_state``/``ddp_comm_hook``/``ddp_comm_wrapper`` (a DDP communication hook, run on
+    the policy's messages, on CPU too). Post-local-SGD averaging is refused."""
 
     strategy_name = "gradsched"
 
     def __init__(self, policy: str | None = None, policy_options: dict[str, Any] | None = None,
                  **kwargs: Any) -> None:
-        for refused in ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper", "model_averaging_period"):
-            if kwargs.get(refused) is not None:
-                raise ValueError(f"GradschedStrategy: {refused}= is DDP's; gradsched schedules the communication itself")
+        if kwargs.get("model_averaging_period") is not None:
+            raise ValueError("GradschedStrategy: model_averaging_period= (post-local SGD) replaces DDP's optimizer "
+                             "step with periodic averaging; gradsched averages every step's gradients")
         super().__init__(**kwargs)
         self._policy = policy
         self._policy_options = policy_options
@@ -55,7 +58,19 @@ class GradschedStrategy(DDPStrategy):
                                        policy_options=self._policy_options, **self._ddp_kwargs)
 
     def _register_ddp_hooks(self) -> None:
-        pass  # no DDP communication hooks: refused at construction
+        """The communication hook asked for, on every device type (Lightning's registers it on CUDA only)."""
+        if self._ddp_comm_hook is not None:
+            _register_ddp_comm_hook(model=self.model, ddp_comm_state=self._ddp_comm_state,
+                                    ddp_comm_hook=self._ddp_comm_hook, ddp_comm_wrapper=self._ddp_comm_wrapper)
+
+    def pre_backward(self, closure_loss: Any) -> None:
+        """No DDP reducer to prepare (Lightning prepares it in manual optimisation): gradsched's hooks
+        find the gradients themselves. DDP's buffer-sync flag is set as Lightning sets it."""
+        if isinstance(self.model, DistributedDataParallel) and not self.lightning_module.automatic_optimization:
+            self.model.require_forward_param_sync = torch.is_grad_enabled() and self.model.require_backward_grad_sync
+
+    def post_backward(self, closure_loss: Any) -> None:
+        pass  # DDP's first-iteration flush of a static graph: gradsched has nothing to flush
 
     @contextmanager
     def block_backward_sync(self) -> Iterator[None]:

@@ -22,7 +22,7 @@ def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.Pro
         members = by_dtype[dtype]
         flat = torch.cat([t.detach().reshape(-1) for t in members])
         with failing_rank(what, explain):
-            dist.broadcast(flat, src=source, group=group)
+            dist.broadcast(flat, group_src=source, group=group)
         offset = 0
         with torch.no_grad():
             for t in members:
@@ -30,6 +30,15 @@ def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.Pro
                 offset += t.numel()
 
 
+def broadcast_model(model: torch.nn.Module, with_buffers: bool, source: int, group: dist.ProcessGroup,
+                    explain: Callable[[], str] | None = None) -> None:
+    """Copy rank ``source``'s parameters (and buffers, ``with_buffers``) to every rank (join's end)."""
+    tensors = list(model.parameters()) + (buffers_of(model) if with_buffers else [])
+    broadcast_flat(tensors, source, group, f"copying rank {source}'s parameters to every rank (join)", explain)
+
+
 def buffers_of(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The module's buffers (BatchNorm statistics), those set to None left out."""
-    return [b for b in model.buffers() if b is not None]
+    """The module's buffers (BatchNorm statistics) that DDP syncs: those set to None and those
+    DDP is told to ignore (``_set_params_and_buffers_to_ignore_for_model``) left out."""
+    skip = set(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
+    return [b for name, b in model.named_buffers() if b is not None and name not in skip]

@@ -15,6 +15,7 @@ from ..files import problem_writing
 from .config import RuntimeConfig
 from .errors import GradschedError, entry
 from .optimizer import ScheduledOptimizer
+from .sparse import sparse_parameters
 from . import wire_format
 from .wire_format import RankChecks
 
@@ -60,13 +61,38 @@ def check_options(policy: str, config: RuntimeConfig) -> None:
             raise ValueError(f"{entry()}(autotune=True): {exc}") from None
 
 
+def ignored(model: nn.Module) -> set[str]:
+    """The names of parameters and buffers DDP leaves alone: those set with
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)``
+    (neither copied from rank 0, nor reduced, nor synced: each rank keeps its own)."""
+    return set(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
+
+
+def check_comm_hook(comm_hook: Any, config: RuntimeConfig) -> None:
+    """A DDP communication hook: ``(state, hook)``, on all-reduce, without gradsched's compression."""
+    if comm_hook is None:
+        return
+    if not (isinstance(comm_hook, tuple) and len(comm_hook) == 2 and callable(comm_hook[1])):
+        raise TypeError(f"{entry()}: comm_hook must be (state, hook) with a callable hook(state, bucket)")
+    if config.architecture != "allreduce":
+        raise GradschedError(f"{entry()}: a communication hook runs on all-reduce messages; with "
+                             f"architecture={config.architecture!r} the servers reduce")
+    if config.compression is not None:
+        raise GradschedError(f"{entry()}: compression={config.compression!r} and a communication hook both decide "
+                             "what travels: use one (PyTorch's bf16_compress_hook/fp16_compress_hook are "
+                             "compression as a hook)")
+
+
 def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
-    """Names and parameters whose gradients are communicated, each shared parameter once:
-    those that get gradients, but not the empty ones (a layer of zero features), which hold
-    nothing to average."""
-    names, params, seen = [], [], set()
+    """Names and parameters whose gradients are communicated in gradsched's messages, each
+    shared parameter once: those that get gradients, but not the empty ones (a layer of zero
+    features), which hold nothing to average, nor those DDP is told to ignore, nor those
+    with sparse gradients (:mod:`gradsched.runtime.sparse` reduces those)."""
+    skip = ignored(model)
+    _, sparse = sparse_parameters(model, skip)
+    names, params, seen = [], [], {id(p) for p in sparse}
     for name, p in model.named_parameters():
-        if p.requires_grad and p.numel() > 0 and id(p) not in seen:
+        if p.requires_grad and p.numel() > 0 and id(p) not in seen and name not in skip:
             seen.add(id(p))
             names.append(name)
             params.append(p)

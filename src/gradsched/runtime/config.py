@@ -42,7 +42,9 @@ class RuntimeConfig:
     fallback: bool = True  # measure the policy against DDP-style buckets (fifo) at the first control point and
     #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
     #   slower than DDP's C++ reducer on loopback: README)
-    fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another
+    fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another; a
+    #   negative gain prefers the policy: it is kept unless it measures more than (1 - fallback_gain) times the
+    #   buckets' iteration time (-99: kept unless 100x slower)
     handoff: bool = True  # where the measured trial keeps the buckets, hand the gradients to DDP's own C++
     #   reducer from the next step on (all-reduce only; runtime.handoff): DDP's speed, not gradsched's launcher's
     bucket_cap_mb: float = 25.0  # size cap (MiB) of the DDP-style buckets the fallback measures and keeps, as
@@ -84,7 +86,7 @@ class RuntimeConfig:
             (self.trial_pairs >= 1, f"trial_pairs must be >= 1, got {self.trial_pairs}"),
             (self.autotune_trials >= 2, "autotune_trials must be >= 2 (the starting options and a candidate), "
                                         f"got {self.autotune_trials}"),
-            (0.0 <= self.fallback_gain < 1.0, f"fallback_gain must be in [0, 1), got {self.fallback_gain}"),
+            (self.fallback_gain < 1.0, f"fallback_gain must be < 1, got {self.fallback_gain}"),
             (self.architecture in ("allreduce", "ps"),
              f"architecture must be 'allreduce' or 'ps', got {self.architecture!r}"),
             (self.architecture != "ps" or self.servers >= 1, f"architecture='ps' needs servers >= 1, got {self.servers}"),

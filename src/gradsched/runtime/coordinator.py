@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..core.base import PolicyConfig
-from .broadcast import broadcast_flat, buffers_of
-from .comm.compression import wire_dtype
+from .broadcast import broadcast_flat, broadcast_model, buffers_of
 from .config import RuntimeConfig
 from .errors import GradschedError, entry
+from .exposure import Exposure, say_exposure
 from .comm.exchange import Exchange
 from .hooks import Hook
 from .inflight import Handover, plain
@@ -37,12 +37,16 @@ from .clock import Clock
 from .profiling import RoundTiming
 from .rounds import Round
 from .stats import RunStats
+from .syncing import SyncSwitches
 from .topology import Topology
 from .tracing import RunTrace
 from .unused import UnusedParameters, agree_unused
-from .comm.transports import make_transport
+from .comm.transports import make_transport, travelling_dtype
 from .handoff import TorchReducer, hands_off
+from .sparse import SparseGradients
+
 from .updates import DeferredUpdates, clear_grad
+from .waits import ModuleWaits
 
 
 class Coordinator:
@@ -55,33 +59,25 @@ class Coordinator:
         policy: PolicyConfig,
         config: RuntimeConfig,
         topology: Topology,
+        sparse: tuple[Sequence[str], Sequence[nn.Parameter]] = ((), ()),
+        comm_hook: tuple[Any, Callable] | None = None,
     ) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.names = list(names)
-        self.params = list(params)
-        self.policy = policy
-        self.config = config
-        self.topology = topology
-        self.rank = topology.rank
-        self.world_size = topology.num_workers
+        self.model, self.optimizer, self.policy, self.config, self.topology = model, optimizer, policy, config, topology
+        self.names, self.params = list(names), list(params)
+        self.rank, self.world_size = topology.rank, topology.num_workers
         self.index = {id(p): i for i, p in enumerate(self.params)}
-        self.tensors = tensor_specs(self.names, self.params, wire_dtype(config.compression))
+        self.comm_hook = comm_hook  # (state, hook): DDP's communication hook on every message
         self.trace = RunTrace(self.rank) if config.trace else None
         self.clock = Clock(next((p.device for p in self.params if p.is_cuda), None))
-        versions = PlanVersions(initial_plan(self.tensors, policy, config.architecture))
-        transport = make_transport(topology, self.names, self.params, versions, config.compression)
-        self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
-                                 self.trace.on_exchange if self.trace else None)
+        self.exchange = self._data_plane()
         self._handles: list[Any] = []
         self._closed = False
         self.current = Round()
-        self._no_sync = 0
+        self.sync = SyncSwitches()  # no_sync() and DDP's require_*_sync (gradsched.runtime.syncing)
+        self.sparse = SparseGradients(*sparse, topology, self)  # outside the plans (gradsched.runtime.sparse)
         self.handover = Handover(self.params, self.exchange)
         self.updates = DeferredUpdates(optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
         self._globally_unused: set[int] = set()
-        self._owners: dict[int, list[nn.Module]] = {}  # parameter -> modules owning it directly
-        self._adopted: set[int] = set()  # parameters waited for by an ancestor of their owner
         self._tracing_module: tuple[str, float] | None = None
         self._broken = False
         self.uneven = UnevenInputs(self)  # join(): ranks with fewer batches shadow the others
@@ -90,6 +86,7 @@ class Coordinator:
         self.replaced = False  # closed because a later wrap of the same model took over
         self.entry = entry()  # what the user called, for errors raised later
         self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
+        self.exposure = Exposure()  # what scheduling bought (gradsched.runtime.exposure)
         self.reducer: TorchReducer | None = None  # DDP's, from handed_off_round on (gradsched.runtime.handoff)
         self.handed_off_round: int | None = None
         self._hand_off = False  # the trial kept the buckets: hand them over at the next step()
@@ -100,6 +97,16 @@ class Coordinator:
         except BaseException:
             self._abandon()
             raise
+
+    def _data_plane(self) -> Exchange:
+        """The plans (counting what travels: compressed, or the hook's dtype where known), the
+        transport (the communication hook's, if any) and the launcher thread."""
+        config, hook = self.config, self.comm_hook
+        self.tensors = tensor_specs(self.names, self.params, travelling_dtype(config.compression, hook))
+        versions = PlanVersions(initial_plan(self.tensors, self.policy, config.architecture))
+        transport = make_transport(self.topology, self.names, self.params, versions, config.compression, hook)
+        return Exchange(self.tensors, self.params, versions, transport, config.timeout,
+                        self.trace.on_exchange if self.trace else None)
 
     @property
     def closed(self) -> bool:
@@ -129,25 +136,10 @@ class Coordinator:
     def _attach(self) -> None:
         for i, p in enumerate(self.params):
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        named = dict(self.model.named_modules())
-        self._module_name = {m: n for n, m in named.items()}
-        self._parent = {m: named[n.rpartition(".")[0]] for n, m in named.items() if n}
-        # parameters each module's forward waits for: its own (parameters a container such
-        # as ParameterList holds are adopted by the module that runs, see _detect_orphans)
-        self._waits: dict[nn.Module, list[int]] = {}
-        hooked = {self.model}
-        for module in self.model.modules():
-            idx = [self.index[id(p)] for p in module.parameters(recurse=False) if id(p) in self.index]
-            if idx:
-                self._waits[module] = idx
-                for i in idx:
-                    self._owners.setdefault(i, []).append(module)
-                ancestor = module
-                while ancestor not in hooked:  # its ancestors may adopt its parameters
-                    hooked.add(ancestor)
-                    ancestor = self._parent[ancestor]
-        owners = {self._module_name[m]: [self.names[i] for i in idx] for m, idx in self._waits.items()}
-        self.planner = Planner(self.tensors, self.params, self.policy, self.config, owners, self.exchange,
+        self._handles.extend(self.sparse.attach())
+        self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.waits)
+        self.planner = Planner(self.tensors, self.params, self.policy, self.config, self.waits.owners(self.names),
+                               self.exchange,
                                self.topology.control, self.rank, self.world_size,
                                self.topology.data, self.clock,
                                settle=partial(self.exchange.wait_reduced, range(len(self.params)), "all parameters"),
@@ -155,7 +147,7 @@ class Coordinator:
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
         for module in self.model.modules():
-            if module in hooked:
+            if module in self.waits.hooked:
                 self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
         self._handles.append(self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
         self._handles.append(self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
@@ -165,7 +157,7 @@ class Coordinator:
             return
         i = self.index[id(p)]
         grad = plain(p.grad)  # None: an undefined gradient reached this parameter
-        if self._no_sync:
+        if self.sync.local:
             if self.unused is not None and grad is not None:
                 self.unused.local_gradient(i)
             return
@@ -207,14 +199,19 @@ class Coordinator:
         self.current.forward_ran = True
         self.current.next_begins = True
         source = 0
+        if self.sync.training(torch.is_grad_enabled()):  # a training iteration begins
+            self.exposure.iteration_began(time.perf_counter(), self.exchange.waited_s)
+            if self.exposure.count % 50 == 0 and self.rank == 0:
+                say_exposure(self.exposure, self.exchange.plan_for(self.round + 1).policy, self.planner.trial)
         self.current.grad_scale = None
-        training = torch.is_grad_enabled() and not self._no_sync  # DDP's condition for syncing buffers
+        training, sync_buffers = self.sync.forward_began(torch.is_grad_enabled())
         if training and not self.uneven.enabled:  # a round no step() followed (no optimizer; two backward
             self.planner.control_point(self.round)  # passes per step); inside join(): in announce()
-        if self.uneven.enabled:
+        if self.uneven.enabled:  # the joined ranks shadow what the iteration says: buffers synced as it trains
             iteration = self.uneven.announce(self.round, training)
             source, self.current.grad_scale = iteration.source, self.uneven.grad_scale(iteration)
-        if self.config.broadcast_buffers and self.world_size > 1 and training:
+            sync_buffers = training
+        if self.config.broadcast_buffers and self.world_size > 1 and sync_buffers:
             self.broadcast_buffers(source)
         self.current.ran.clear()
         self.current.timing = timing = RoundTiming()
@@ -235,6 +232,7 @@ class Coordinator:
                                      self.round)
         self.current.open = False
         self.current.next_begins = True
+        self.sparse.shadow()  # the training ranks reduce theirs in backward()
         if self.unused is not None:
             # counted as using every parameter, as DDP's joined ranks are: while a rank has
             # joined, a parameter the others all left unused gets a zero gradient, not none
@@ -242,6 +240,7 @@ class Coordinator:
         self.exchange.wait_reduced(everything, "zero gradients shadowing the ranks still training (join)")
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.sync.forward_ended(torch.is_grad_enabled())
         self.current.timing.forward_end = self.clock.stamp(self.current.timing, "forward_end")
         if self.trace:
             self._trace_forward(self.current.timing.forward_end)
@@ -257,10 +256,10 @@ class Coordinator:
         if self._closed:
             return
         self.current.ran.add(id(module))
-        idx = self._waits.get(module)
+        idx = self.waits.of.get(module)
         if not idx:
             return
-        name = self._module_name[module]
+        name = self.waits.name[module]
         first = name not in self.current.timing.module_starts
         entered = time.perf_counter()
         if first:
@@ -324,24 +323,13 @@ class Coordinator:
                             else None, self.peers.explain)
 
     def _detect_orphans(self) -> None:
-        """A parameter got a gradient though no module owning it ran (it sits in a container
-        like ParameterList, or is used by another module): the nearest ancestor of its owner
-        that did run waits for it from now on (the root, at worst)."""
+        """Parameters that got a gradient though no module owning them ran are waited for by an
+        ancestor that ran (:mod:`gradsched.runtime.waits`)."""
         if not self.current.forward_ran:
             return
         self.current.forward_ran = False
-        for i in range(len(self.params)):
-            if i in self._adopted or self.exchange.ready_round[i] != self.round:
-                continue
-            owners = self._owners[i]
-            if any(id(m) in self.current.ran for m in owners):
-                continue
-            adopter = owners[0]
-            while adopter is not self.model and id(adopter) not in self.current.ran:
-                adopter = self._parent[adopter]
-            self._adopted.add(i)
-            self._waits.setdefault(adopter, []).append(i)
-            self.planner.adopt(self.names[i], self._module_name[adopter])
+        self.waits.adopt_orphans(lambda i: self.exchange.ready_round[i] == self.round, self.current.ran,
+                                 lambda i, module: self.planner.adopt(self.names[i], module))
 
     # -- optimizer entry points -----------------------------------------------------------
     def check_in_use(self, what: str) -> None:
@@ -368,6 +356,10 @@ class Coordinator:
         if self._hand_off:
             self._hand_off_buckets()
 
+    def step_unscheduled(self) -> None:
+        """Step the optimizer's parameters outside the plans (:meth:`DeferredUpdates.step_others`)."""
+        self.updates.step_others(self.index)
+
     def _buckets_kept(self) -> None:  # every rank, one control point; inside join() no rank steps at one point
         self._hand_off = hands_off(self.config, self.world_size) and not self.uneven.enabled
 
@@ -376,7 +368,8 @@ class Coordinator:
         self._hand_off = False
         self.synchronize()
         self._detach_hooks()  # gradsched's own: off the training thread's path from now on
-        self.reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=not self._no_sync)
+        self.reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=self.sync.enabled,
+                                    comm_hook=self.comm_hook)
         self.handed_off_round, self.uneven = self.round + 1, self.reducer.ddp  # join(): DDP's own
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
@@ -416,15 +409,21 @@ class Coordinator:
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         self.check_in_use("no_sync()")
-        self._no_sync += 1
+        self.sync.depth += 1
         if self.reducer is not None:  # handed off: DDP's no_sync
             self.reducer.sync(False)
         try:
             yield
         finally:
-            self._no_sync -= 1
+            self.sync.depth -= 1
             if self.reducer is not None:
-                self.reducer.sync(not self._no_sync)
+                self.reducer.sync(self.sync.enabled)
+
+    def set_backward_sync(self, enabled: bool) -> None:
+        """DDP's ``require_backward_grad_sync = enabled``: read by each later forward pass."""
+        self.sync.backward = bool(enabled)
+        if self.reducer is not None:
+            self.reducer.sync(self.sync.enabled)
 
     # -- reporting and teardown ------------------------------------------------------------
     def export_profile(self, path: str, name: str) -> str:
@@ -435,9 +434,10 @@ class Coordinator:
         est = self.exchange.estimator
         planner = self.planner
         rounds = self.round + (self.reducer.rounds if self.reducer is not None else 0)
+        exposure = self.exposure.summary() or (None, None, None)
         return RunStats(self.policy.name, rounds, len(plan.messages), self.exchange.plans_adopted, est.latency,
                         est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction, planner.trial,
-                        planner.tuning, list(planner.switches), self.handed_off_round)
+                        planner.tuning, list(planner.switches), self.handed_off_round, *exposure)
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
@@ -445,9 +445,7 @@ class Coordinator:
 
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
-        tensors = list(self.model.parameters()) + (buffers_of(self.model) if self.config.broadcast_buffers else [])
-        broadcast_flat(tensors, source, self.topology.buffers, f"copying rank {source}'s parameters to every rank "
-                       "(join)", self.explain)
+        broadcast_model(self.model, self.config.broadcast_buffers, source, self.topology.buffers, self.explain)
 
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.peer_status)."""

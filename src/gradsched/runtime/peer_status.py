@@ -23,6 +23,7 @@ errors say nothing more.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import weakref
@@ -58,9 +59,10 @@ class PeerStatus:
         self.peers = [r for r in ranks if r != rank]
         self._status = weakref.WeakMethod(status)  # the coordinator's, which holds this: no cycle
         self.store = _job_store() if self.peers else None
-        token = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+        # from the OS, not torch's generator: the user's random stream stays as DDP leaves it
+        token = torch.tensor([int.from_bytes(os.urandom(7), "big")], dtype=torch.int64)
         if self.peers:  # a key space of this wrap alone, also across restarts and re-wraps
-            dist.broadcast(token, src=min(ranks), group=group)
+            dist.broadcast(token, group_src=min(ranks), group=group)
         self.prefix = f"gradsched/progress/{token.item()}/"
         self._stop = threading.Event()
         self._thread = None

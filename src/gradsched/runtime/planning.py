@@ -137,6 +137,10 @@ class Planner:
         if point is None or round_index in self._done:
             return
         self._done.add(round_index)
+        with _users_random_state_kept(self.device):  # the tuner's sampler and the probe draw nothing of the user's
+            self._control_point(round_index, point)
+
+    def _control_point(self, round_index: int, point: ControlPoint) -> None:
         if point.stage in (Stage.ARM, Stage.DECIDE):
             self.clock.fence()  # what the arm before queued on the device runs before the next is timed
         first_arm = point == ControlPoint(Stage.ARM, 0)
@@ -312,6 +316,12 @@ class Planner:
                        cast: float) -> tuple[float, float]:
         cluster = ring_cluster(self.world_size, per_byte, latency, overhead, cast_s_per_byte=cast)
         return predict(table, cluster, self.policy), predict(table, cluster, self._buckets())
+
+
+def _users_random_state_kept(device: torch.device):
+    """Whatever runs inside (Optuna's samplers fit with torch) leaves the user's generators
+    (the CPU one, and the parameters' CUDA device's) as they were."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
 
 
 def push_pull_link(latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:

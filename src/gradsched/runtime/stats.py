@@ -46,6 +46,20 @@ class RunStats:
     autotune: TuningReport | None = None  # the online tuner's report (with autotune)
     switches: list[tuple[int, str]] = field(default_factory=list)  # (first round, policy) of every plan change
     handed_off_round: int | None = None  # the buckets kept were handed to DDP's C++ reducer from this round on
+    # what scheduling bought, the medians of the latest 20 training iterations (forward start to forward start;
+    # None before two; after a hand-off, those before it: DDP's reducer then waits inside backward, unseen)
+    iteration_s: float | None = None
+    exposed_s: float | None = None  # of it, the training thread's waits for communication (forward pre-hooks,
+    #   step(), reads of a gradient on the wire, clipping)
+    exposed_share: float | None = None  # exposed_s / iteration_s, per iteration
+
+    @property
+    def trial_gain(self) -> float | None:
+        """How much faster the policy measured than DDP-style buckets in the trial (0.1: 10%
+        faster; negative: slower), or None without a trial."""
+        if self.trial is None or not self.trial.policy_s:
+            return None
+        return self.trial.fifo_s / self.trial.policy_s - 1.0
 
     @property
     def fell_back(self) -> bool:

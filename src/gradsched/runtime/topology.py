@@ -68,9 +68,9 @@ def roles(world_size: int, servers: int) -> tuple[list[int], list[int]]:
 class Groups:
     """gradsched's process groups (see above)."""
 
-    control: dist.ProcessGroup
+    control: dist.ProcessGroup | None  # None (or a non-member) on a server: workers only
     data: dist.ProcessGroup
-    buffers: dist.ProcessGroup
+    buffers: dist.ProcessGroup | None
     plans: dist.ProcessGroup | None = None  # parameter servers only
 
 
@@ -83,18 +83,36 @@ class Topology:
     groups: Groups | None = field(repr=False)  # None once released
 
     @classmethod
-    def create(cls, config: RuntimeConfig) -> Topology:
-        """Every rank's roles and gradsched's groups (a collective: every rank must call it)."""
-        rank, world = dist.get_rank(), dist.get_world_size()
+    def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None) -> Topology:
+        """Every rank's roles and gradsched's groups among the ranks of ``group`` (the default
+        group if None): a collective, every rank of ``group`` must call it. Ranks here are
+        ``group``'s, as are those of every gradsched group made from it."""
+        group = group if group is not None else dist.group.WORLD
+        if group is dist.GroupMember.NON_GROUP_MEMBER or dist.get_rank(group) < 0:
+            raise GradschedError(f"{entry()}: this rank is not a member of the process_group it was given")
+        members = dist.get_process_group_ranks(group)  # the global rank of each rank of the group
+        rank, world = dist.get_rank(group), len(members)
         workers, servers = roles(world, config.servers if config.architecture == "ps" else 0)
         wait = timedelta(seconds=config.timeout)
-        members = workers if servers else None  # every rank creates every group, in the same order
-        groups = Groups(
-            control=dist.new_group(members, backend="gloo", timeout=wait),
-            data=dist.new_group(timeout=wait),
-            buffers=dist.new_group(members, backend="gloo", timeout=wait),
-            plans=dist.new_group(backend="gloo", timeout=wait) if servers else None,
-        )
+        everywhere = world == dist.get_world_size()  # the whole job: every rank creates every group
+
+        def new(among: list[int] | None, backend: str | None = None) -> dist.ProcessGroup | None:
+            """A group of the ranks ``among`` of ``group`` (None: all of them). Over a part of
+            the job, only its members create it (the others need not wrap at the same time);
+            gradsched's groups of one wrap are then made in the same order on every member."""
+            among = list(range(world)) if among is None else among
+            ranks = [members[r] for r in among]  # in the order of group's ranks
+            if everywhere:
+                return dist.new_group(ranks, backend=backend, timeout=wait, sort_ranks=False)
+            if rank not in among:
+                return None
+            return dist.new_group(ranks, backend=backend, timeout=wait, sort_ranks=False,
+                                  use_local_synchronization=True)
+
+        parts = workers if servers else None  # with servers, every rank creates every group, in the same order
+        data = new(None)  # the groups of every rank first: a part of the job then agrees on the rest's names
+        plans = new(None, "gloo") if servers else None
+        groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans)
         _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)
         return cls(rank, world, workers, servers, groups)
 

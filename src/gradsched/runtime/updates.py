@@ -98,9 +98,21 @@ class DeferredUpdates:
             if set_to_none is not None:
                 clear_grad(self.params[i], set_to_none)
 
+    def step_others(self, scheduled: dict[int, int]) -> None:
+        """Step the optimizer's parameters that are not ``scheduled`` (gradsched's plans leave
+        them out: sparse ones, reduced in backward(); those DDP is told to ignore, local) and
+        hold a gradient now, as DDP's optimizer steps them: at once."""
+        if self.optimizer is not None:
+            self.step_only({id(p) for g in self.optimizer.param_groups for p in g["params"]
+                            if id(p) not in scheduled and p.grad is not None}, self.snapshot())
+
     def apply_now(self, indices: Sequence[int], snapshot: Snapshot) -> None:
         """Run the optimizer's step on ``indices`` only, with ``snapshot``'s hyper-parameters."""
-        chosen = {id(self.params[i]) for i in indices}
+        self.step_only({id(self.params[i]) for i in indices}, snapshot)
+
+    def step_only(self, chosen: set[int], snapshot: Snapshot) -> None:
+        """Run the optimizer's step on the parameters whose ``id`` is in ``chosen``, with
+        ``snapshot``'s hyper-parameters."""
         if not chosen:
             return
         started = time.perf_counter()

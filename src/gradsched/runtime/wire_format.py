@@ -142,13 +142,13 @@ def _size(n: int, sender: str) -> int:
 
 def broadcast(kind: str, body: Any, src: int, group: dist.ProcessGroup | None) -> Any:
     """Rank ``src`` sends ``body`` to every rank of ``group``; each returns it, decoded."""
-    mine = dist.get_rank() == src
+    mine = dist.get_rank(group) == src  # ranks of the group, as every rank of gradsched's
     payload = _tensor(encode(kind, body)) if mine else None
     size = torch.tensor([payload.numel() if mine else 0], dtype=torch.int64)
-    dist.broadcast(size, src=src, group=group)
+    dist.broadcast(size, group_src=src, group=group)
     if not mine:
         payload = torch.empty(_size(int(size.item()), f"rank {src}"), dtype=torch.uint8)
-    dist.broadcast(payload, src=src, group=group)
+    dist.broadcast(payload, group_src=src, group=group)
     return body if mine else decode(payload.numpy().tobytes(), kind, f"rank {src}")
 
 
@@ -174,10 +174,10 @@ def send(kind: str, body: Any | None, dst: int, group: dist.ProcessGroup) -> tup
     they complete."""
     if body is None:
         size = torch.zeros(1, dtype=torch.int64)
-        return [dist.isend(size, dst=dst, group=group)], [size]
+        return [dist.isend(size, group_dst=dst, group=group)], [size]
     payload = _tensor(encode(kind, body))
     size = torch.tensor([payload.numel()], dtype=torch.int64)
-    return [dist.isend(size, dst=dst, group=group), dist.isend(payload, dst=dst, group=group)], [size, payload]
+    return [dist.isend(size, group_dst=dst, group=group), dist.isend(payload, group_dst=dst, group=group)], [size, payload]
 
 
 def receive(kind: str, src: int, group: dist.ProcessGroup, size: torch.Tensor, size_work: dist.Work) -> Any | None:
@@ -188,5 +188,5 @@ def receive(kind: str, src: int, group: dist.ProcessGroup, size: torch.Tensor, s
     if n == 0:
         return None
     payload = torch.empty(_size(n, f"rank {src}"), dtype=torch.uint8)
-    dist.recv(payload, src=src, group=group)
+    dist.recv(payload, group_src=src, group=group)
     return decode(payload.numpy().tobytes(), kind, f"rank {src}")

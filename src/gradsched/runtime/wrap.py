@@ -14,15 +14,17 @@ from __future__ import annotations
 import atexit
 import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..core import POLICIES, policy_config
-from .checks import (check_across_ranks, check_arguments, check_optimizer, check_options, check_parameters,
-                     stray_parameters, trainable, warn_stray)
+from .checks import (check_across_ranks, check_arguments, check_comm_hook, check_optimizer, check_options,
+                     check_parameters, ignored, stray_parameters, trainable, warn_stray)
+from .comm.comm_hook import hook_state
+from .sparse import sparse_parameters
 from .comm.compression import check_backend, check_compressible, wire_dtype
 from .config import RuntimeConfig
 from .coordinator import Coordinator
@@ -56,6 +58,8 @@ def wrap(
     policy: str = "bytescheduler",
     *,
     policy_options: dict[str, Any] | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    comm_hook: tuple[Any, Callable] | None = None,
     **options: Any,
 ) -> tuple[nn.Module, ScheduledOptimizer | None]:
     """Schedule ``model``'s gradient communication with ``policy`` and apply ``optimizer``
@@ -65,6 +69,12 @@ def wrap(
         policy: ``fifo`` (what DDP does), ``priority``, ``bytescheduler`` or ``prophet``.
         policy_options: the policy's options, e.g. ``{"credit_bytes": "8MiB"}``
             (``gradsched models`` lists them).
+        process_group: the ranks that average their gradients (default: every rank), as
+            DDP's option: a group over every rank, or a subgroup (each replica group then trains
+            its own copy; every member wraps, the other ranks need not at the same time).
+        comm_hook: ``(state, hook)``, a DDP communication hook run on every message the policy
+            plans, as ``DistributedDataParallel.register_comm_hook(state, hook)`` runs it
+            (:mod:`gradsched.runtime.comm.comm_hook`).
         **options: any field of :class:`gradsched.runtime.RuntimeConfig`, where each is
             documented: ``find_unused_parameters``, ``broadcast_buffers``,
             ``broadcast_parameters``, ``profile_rounds``, ``replan_every``, ``fallback``,
@@ -78,14 +88,16 @@ def wrap(
     ``(model, None)`` instead).
     """
     check_optimizer(optimizer)
-    coordinator = start(model, optimizer, policy, policy_options, options)
+    coordinator = start(model, optimizer, policy, policy_options, options, process_group, comm_hook)
     if coordinator is None:  # a parameter server, done serving (exit_server=False)
         return model, None
     return model, ScheduledOptimizer(optimizer, coordinator)
 
 
 def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str,
-          policy_options: dict[str, Any] | None, options: dict[str, Any]) -> Coordinator | None:
+          policy_options: dict[str, Any] | None, options: dict[str, Any],
+          process_group: dist.ProcessGroup | None = None,
+          comm_hook: tuple[Any, Callable] | None = None) -> Coordinator | None:
     """Check everything, agree with the other ranks and attach a coordinator to ``model``
     (applying ``optimizer``, or, if None, the one bound later). On a parameter server:
     serve, then exit (or return None with ``exit_server=False``).
@@ -98,26 +110,30 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     scheduling = policy_config(policy, **(policy_options or {}))
     config = RuntimeConfig.from_options(options)
     check_options(policy, config)
+    check_comm_hook(comm_hook, config)
     names, params = trainable(model)
     check_parameters(params, config)
     check_compressible(config.compression, names, params)
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     _take_over(model)
-    topology = Topology.create(config)
+    topology = Topology.create(config, process_group)
     with failing_rank(f"{entry()}: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
         check_backend(config.compression, topology.data, params[0].device)
+    sparse = sparse_parameters(model, ignored(model))
     if config.broadcast_parameters:
         with torch.no_grad():
-            for p in params:
-                dist.broadcast(p.data, src=0, group=topology.data)
+            for p in params + sparse[1]:
+                dist.broadcast(p.data, group_src=0, group=topology.data)
     if topology.is_server:
         _serve(model, names, params, config, topology)
         return None
     if topology.rank == 0:
         warn_stray(stray)
-    coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology)
+    if comm_hook is not None:
+        comm_hook = (hook_state(comm_hook[0], topology.data, process_group), comm_hook[1])
+    coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology, sparse, comm_hook)
     _ATTACHED[model] = weakref.ref(coordinator)
     _OPEN.add(coordinator)
     return coordinator

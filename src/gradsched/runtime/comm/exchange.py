@@ -57,6 +57,7 @@ class Exchange:
         self.timeout_s = timeout_s
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
+        self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.exposure)
         self._layouts = Layouts(board.index, board.like, versions)
         completion = completion_for(board.device, os.environ.get(ORDERED_COMPLETION) == "1")
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
@@ -116,7 +117,9 @@ class Exchange:
     def wait_reduced(self, indices: Sequence[int], what: str = "parameters") -> None:
         """Block until every gradient in ``indices`` handed over so far is reduced (complete:
         on CUDA, the device has written it), so any stream may use it."""
+        started = time.perf_counter()
         failure = self._wait_reduced(indices, what)
+        self.waited_s += time.perf_counter() - started
         if failure is not None:  # explained outside the lock: asking the other ranks takes seconds
             message, cause = failure
             raise GradschedError(message + (self.explain() if self.explain else "")) from cause

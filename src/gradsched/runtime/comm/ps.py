@@ -174,7 +174,7 @@ class PushPull(BaseTransport):
     def _header(self, round_index: int, version: int) -> None:
         header = torch.tensor([round_index, version], dtype=torch.int64)
         for server in self.servers:
-            self._hold([dist.isend(header, dst=server, group=self.group, tag=HEADER_TAG)], [header])
+            self._hold([dist.isend(header, group_dst=server, group=self.group, tag=HEADER_TAG)], [header])
 
     def _hold(self, works: list, tensors: list) -> None:
         with self._lock:
@@ -207,8 +207,8 @@ class PushPull(BaseTransport):
                 for server, chunk in zip(self.servers, by_server):
                     if p < len(chunk):
                         (a, b), tag = chunk[p], message_tag(key.index, j, p)
-                        sends.append(dist.isend(buffer[a:b], dst=server, group=self.group, tag=tag))
-                        receives.append(dist.irecv(buffer[a:b], src=server, group=self.group, tag=tag))
+                        sends.append(dist.isend(buffer[a:b], group_dst=server, group=self.group, tag=tag))
+                        receives.append(dist.irecv(buffer[a:b], group_src=server, group=self.group, tag=tag))
         # Each gloo operation is waited for by one thread only (a wait consumes its
         # completion): the sends by one waiter, whose future the pulls' waiter then waits for.
         sent = self._send_waiter.track(sends, key.index)

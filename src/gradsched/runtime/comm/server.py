@@ -47,7 +47,7 @@ class Server:
         self.bytes_in = 0
         self._plans_done = False
         self._size = torch.zeros(1, dtype=torch.int64)
-        self._size_work = dist.irecv(self._size, src=0, group=plans_group)
+        self._size_work = dist.irecv(self._size, group_src=0, group=plans_group)
 
     def _wait(self, work: dist.Work, what: str) -> None:
         try:
@@ -71,7 +71,7 @@ class Server:
         wire_format.check_plan_names(got.plan, self.dtype_of, "rank 0")
         self.plans[got.version] = got.plan
         self._size = torch.zeros(1, dtype=torch.int64)
-        self._size_work = dist.irecv(self._size, src=0, group=self.plans_group)
+        self._size_work = dist.irecv(self._size, group_src=0, group=self.plans_group)
 
     def _plan(self, version: int) -> Plan:
         while version not in self.plans:
@@ -86,7 +86,7 @@ class Server:
         posted = {}
         for w in self.workers:
             header = torch.zeros(2, dtype=torch.int64)
-            posted[w] = (header, dist.irecv(header, src=w, group=self.group, tag=HEADER_TAG))
+            posted[w] = (header, dist.irecv(header, group_src=w, group=self.group, tag=HEADER_TAG))
         return posted
 
     def run(self) -> None:
@@ -125,7 +125,7 @@ class Server:
         from every worker."""
         received = {}
         for (k, j, p), buffers in self._receive_buffers(version).items():
-            received[(k, j, p)] = [(buffer, dist.irecv(buffer, src=w, group=self.group, tag=message_tag(k, j, p)))
+            received[(k, j, p)] = [(buffer, dist.irecv(buffer, group_src=w, group=self.group, tag=message_tag(k, j, p)))
                                    for w, buffer in zip(self.workers, buffers)]
         return received
 
@@ -155,7 +155,7 @@ class Server:
             total.div_(len(self.workers))
             answer = total.to(slots[0][0].dtype)  # the wire dtype again (no copy without compression)
             for w in self.workers:
-                sends.append((dist.isend(answer, dst=w, group=self.group, tag=message_tag(k, j, p)), answer))
+                sends.append((dist.isend(answer, group_dst=w, group=self.group, tag=message_tag(k, j, p)), answer))
         for work, _ in sends:
             self._wait(work, f"sending round {round_index} back to the workers")
 

@@ -1,13 +1,15 @@
 """The one place that chooses how a rank's messages travel: all-reduce among the workers, or
-push and pull through parameter servers, either of them compressed on the wire."""
+push and pull through parameter servers, either of them compressed on the wire; or a DDP
+communication hook (all-reduce only, uncompressed: the hook chooses what travels)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..topology import Topology
+from .comm_hook import HookTransport, wire_dtype_of
 from .compression import Compressed, wire_dtype
 from .plans import PlanVersions
 from .ps import PushPull
@@ -15,8 +17,13 @@ from .transport import AllReduce, Transport
 
 
 def make_transport(topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
-                   versions: PlanVersions, compression: str | None) -> Transport:
-    """The transport of a worker of ``topology`` whose gradients are ``params``."""
+                   versions: PlanVersions, compression: str | None,
+                   comm_hook: tuple[Any, Callable] | None = None) -> Transport:
+    """The transport of a worker of ``topology`` whose gradients are ``params``; ``comm_hook``:
+    (state, hook), the state already given gradsched's data group (gradsched.runtime.comm.comm_hook)."""
+    if comm_hook is not None:
+        state, hook = comm_hook
+        return HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank)
     wire = wire_dtype(compression)
     if topology.servers:
         dtype_of = {n: wire or p.dtype for n, p in zip(names, params)}
@@ -25,3 +32,9 @@ def make_transport(topology: Topology, names: Sequence[str], params: Sequence[to
     else:
         transport = AllReduce(topology.data)
     return transport if wire is None else Compressed(transport, wire)
+
+
+def travelling_dtype(compression: str | None, comm_hook: tuple[Any, Callable] | None) -> torch.dtype | None:
+    """The dtype gradients travel in where it is not their own: compression's, or a
+    communication hook's where it is known (None: their own)."""
+    return wire_dtype(compression) or (wire_dtype_of(comm_hook[1]) if comm_hook is not None else None)

@@ -1,0 +1,32 @@
+"""The no-reduction mutant, applied at interpreter start-up where ``GRADSCHED_MUTANT=no-reduction``
+and this folder is on ``PYTHONPATH`` (so in every rank a test starts, spawned ones included).
+
+gradsched's all-reduce transport then hands each rank's own gradients back as if reduced (no
+division, no collective), and kept buckets are never handed to DDP's reducer: a gradsched that
+trains each rank alone. A test suite that still passes against it guards nothing about
+reduction; docs/conformance.md says which of PyTorch's DDP tests do, and the project's own
+equality tests must fail on it (tests/test_mutant.py).
+"""
+
+import os
+
+if os.environ.get("GRADSCHED_MUTANT") == "no-reduction":
+    import torch
+
+    from gradsched.runtime import coordinator
+    from gradsched.runtime.comm import transport
+
+    def _own(self, buffers):
+        """Nothing to divide: each rank keeps its own."""
+
+    def _returned(self, key, buffers, on_sent=None):
+        futures = []
+        for buffer in buffers:
+            future = torch.futures.Future()
+            future.set_result([buffer])
+            futures.append(future)
+        return futures
+
+    transport.AllReduce.divide = _own
+    transport.AllReduce.send = _returned
+    coordinator.hands_off = lambda config, workers: False
