@@ -13,7 +13,7 @@ stream, world size 1). Every part runs in processes of its own, started here.
       held before;
   (b) end to end (NCCL, 1 rank), every policy against PyTorch's DDP on the same GPU: autocast
       with GradScaler (SGD with clipping; fused AdamW through the DDP drop-in), BatchNorm, an
-      unused parameter, join(), export_profile;
+      unused parameter, join(), export_profile; ``device_ids`` moving CPU inputs to the GPU;
   (c) two gloo ranks with CUDA tensors on the one GPU, training under a side stream, every
       policy against DDP;
   (d) in (c), prophet's measured profile and its trial's iteration times against CUDA-event
@@ -234,7 +234,29 @@ def part_end_to_end(device: torch.device, quick: bool) -> list[dict]:
                                 f"against DDP: max |diff| {diff:.2e}; unused layer's .grad None while unused: "
                                 f"{settled}; profile of {layers} layers", max_abs_diff=diff))
                 model.close()
+    rows.append(_inputs_moved(device))
     return rows
+
+
+def _inputs_moved(device: torch.device) -> dict:
+    """``device_ids=[device]``: CPU inputs (nested in args and kwargs) reach the module on the
+    device, as DDP moves them."""
+    seen: list[torch.device] = []
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x, pair, extra=None):
+            seen.extend(t.device for t in (x, *pair, extra["t"]))
+            return self.lin(x)
+
+    model = gradsched.DistributedDataParallel(Probe().to(device), device_ids=[device], policy="fifo")
+    model(torch.ones(3, 4), (torch.ones(1), torch.ones(1)), extra={"t": torch.ones(1)}).sum().backward()
+    model.close()
+    ok = all(d.type == device.type for d in seen) and len(seen) == 4
+    return row("(b) device_ids moves the inputs", ok, f"inputs reached the module on {sorted({str(d) for d in seen})}")
 
 
 # -- (c) and (d): two gloo ranks on one GPU ----------------------------------------------------

@@ -181,6 +181,7 @@ def test_parameter_servers_communication_alone_is_limited_by_the_server_link():
     assert leftovers() == []
 
 
+@pytest.mark.slow  # CI: make demo and the tables' runs find balance points; the smoke run keeps the bench working
 @needs_netns
 def test_balance_finds_where_compute_and_communication_are_equal():
     """replay-mini computes 40 ms; its 8.4 MB of gradients take that long at about 1.7 Gbit/s.
@@ -201,7 +202,8 @@ def test_balance_finds_where_compute_and_communication_are_equal():
 
 
 @needs_netns
-@pytest.mark.parametrize("hosts", [[], ["--nodes", "2", "--procs-per-node", "2"]], ids=["ranks", "torchrun-hosts"])
+@pytest.mark.parametrize("hosts", [pytest.param([], marks=pytest.mark.slow), ["--nodes", "2", "--procs-per-node", "2"]],
+                         ids=["ranks", "torchrun-hosts"])  # CI: the launch with more to clean up
 def test_timeout_cleans_up(hosts):
     """Also with one torchrun per host, whose workers run in sessions of their own."""
     import psutil
@@ -279,6 +281,7 @@ def test_loopback_run_is_labelled_unlimited_and_clipping_rows_follow_each_policy
     assert re.search(r"^  bytescheduler +[\d.]+ +[\d.]+ +[\d.]+x +[\d.]+ms", out.stdout, re.M), out.stdout
 
 
+@pytest.mark.slow  # CI: parameter servers through the bench in the emulated test above; autotune online elsewhere
 def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     """2 workers + 1 server; the reference is fifo over the server; bytescheduler also runs
     tuned online (the JSON carries the tuner's report)."""

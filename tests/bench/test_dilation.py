@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from gradsched.bench.dilation import AUTO_CPU_SHARE, auto_dilation, check_dilation, undilate
+from gradsched.bench.dilation import AUTO_CPU_SHARE, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation, undilate
 from gradsched.bench.runner import BenchConfig
 from gradsched.bench.workloads import workload
 
@@ -90,6 +90,7 @@ def _bench(k: float) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # CI: the unit tests above check the scaling of every reported time
 @needs_netns
 def test_communication_and_ddp_agree_at_k_1_and_3_divided_by_k():
     """At 1 Gbit/s replay-mini's communication keeps this host well under its CPUs (so K=1 is
@@ -104,3 +105,36 @@ def test_communication_and_ddp_agree_at_k_1_and_3_divided_by_k():
     assert ddp[1] == pytest.approx(ddp[0], rel=0.15)
     wrong = 3 * a["comm_s"]  # what an undivided dilated run would report
     assert abs(b["comm_s"] - wrong) > abs(b["comm_s"] - a["comm_s"])
+
+
+@pytest.mark.parametrize("k, busiest, raised", [(2, None, None), (2, AUTO_RUN_SHARE, None), (2, 0.75, 4),
+                                                (3, 0.47, 4), (5, 0.43, None), (19, 0.9, 20), (20, 0.9, None)])
+def test_auto_raises_k_while_the_dilated_runs_keep_the_host_too_busy(k, busiest, raised):
+    """The runs themselves at K: the busiest over AUTO_RUN_SHARE raises K in proportion (busy
+    falling as 1/K), by one at least, to 20 at most."""
+    assert raised_dilation(k, busiest) == raised
+
+
+def test_auto_calibrates_on_the_runs_themselves(monkeypatch):
+    """The calibration sequence, with the host's shares given (the measurements are the bench's
+    own elsewhere; this is the decision): communication alone 50% undilated starts at K=2; the
+    runs at K=2 keep the host 75% busy, so K=4; at K=4 40%, so K=4 stays."""
+    from gradsched.bench import runner
+    from gradsched.bench.protocol import COMM_ONLY
+    from gradsched.bench.runner import BenchConfig, choose_dilation
+
+    ran = []
+
+    def measured(config, bandwidth, progress, emulated=True, runs=None, iters=None):
+        ran.append((float(config.dilation), tuple(runs) if runs is not None else None))
+        if runs == ():
+            return {"host_cpu": {COMM_ONLY: 0.5}}
+        return {"host_cpu": {"ddp": 0.3, "prophet": {2.0: 0.75, 4.0: 0.40}[float(config.dilation)]}}
+
+    monkeypatch.setattr(runner, "_measure", measured)
+    config = BenchConfig(model="replay-mini", dilation="auto", policies=("ddp", "prophet"), bandwidths_bps=(1e9,))
+    chosen, busy, history = choose_dilation(config)
+    assert chosen.dilation == 4.0 and busy == 0.5
+    assert ran == [(1.0, ()), (2.0, None), (4.0, None)]
+    assert history == [{"dilation": 2, "host_cpu_busy_busiest_run": 0.75},
+                       {"dilation": 4, "host_cpu_busy_busiest_run": 0.40}]

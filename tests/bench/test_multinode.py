@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import ELASTIC_EXAMPLE, moved_by_elastic_example
 
@@ -69,6 +70,7 @@ def test_two_hosts_of_two_processes_train_as_one_host_of_four(tmp_path):
 
 
 
+@pytest.mark.slow  # CI: the two-host training test above launches the same torchruns
 @needs_netns
 def test_the_bench_runs_hosts_of_several_ranks():
     """``--nodes 2 --procs-per-node 2``: four ranks in two namespaces, two sharing each link,

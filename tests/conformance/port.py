@@ -9,8 +9,9 @@ ways only, both done on the syntax tree so that nothing else can change:
   :mod:`target` (gradsched's, or PyTorch's own as the reference);
 * the tests listed as ported in :mod:`selection` (upstream gates them on two GPUs, yet they
   need none) run on CPU: their ``skip_if_lt_x_gpu(n)`` gains ``allow_cpu=True`` and their
-  device placement (``.cuda(...)``, ``.to(rank)``, ``device=rank``, ``device_ids=[rank]``,
-  ``torch.cuda.set_device``) becomes CPU placement. What they assert is unchanged.
+  device placement (``.cuda(...)``, ``.to(rank)``, ``device=rank``, ``device = self.rank``,
+  ``device_ids=[rank]``, ``torch.cuda.set_device``, ``init_multigpu_helper``'s rank-to-GPU map)
+  becomes CPU placement. What they assert is unchanged.
 
 The copy is written once per installed torch (keyed by the source's hash) next to the other
 generated files of the run, and imported under the name ``ddp_conformance_tests``.
@@ -64,6 +65,12 @@ class _PointAtTarget(ast.NodeTransformer):
 class _OnCpu(ast.NodeTransformer):
     """Device placement to CPU inside one ported test (and the helpers it calls)."""
 
+    def visit_Assign(self, node: ast.Assign) -> ast.AST:
+        self.generic_visit(node)
+        if ast.unparse(node.targets[0]) == "device" and _names_a_gpu(node.value):  # device = self.rank
+            node.value = _CPU
+        return node
+
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         func = node.func
@@ -73,6 +80,10 @@ class _OnCpu(ast.NodeTransformer):
             return ast.copy_location(ast.Constant(None), node)
         if _is_call_to(node, "torch.cuda.current_device"):
             return ast.copy_location(_CPU, node)
+        if _is_call_to(node, "init_multigpu_helper"):  # rank -> its "GPUs": on CPU, each rank itself
+            world = node.args[0]
+            mapping = ast.parse(f"{{r: [r] for r in range({ast.unparse(world)})}}", mode="eval").body
+            return ast.copy_location(mapping, node)
         if isinstance(func, ast.Attribute) and func.attr == "to" and len(node.args) == 1 and _names_a_gpu(node.args[0]):
             node.args = [_CPU]
         if _is_call_to(node, "skip_if_lt_x_gpu") and not any(k.arg == "allow_cpu" for k in node.keywords):

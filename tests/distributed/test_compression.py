@@ -21,7 +21,7 @@ import pytest
 from launch import run_ranks
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_compressed_runs_match_ddp_with_the_compression_hook(tmp_path, world):
     out = tmp_path / "out.json"
     for r in run_ranks("compressed.py", world, str(out), timeout=300):

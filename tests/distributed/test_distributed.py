@@ -171,7 +171,7 @@ def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path
     assert won[-1], f"bytescheduler lost its trial in all of {len(won)} runs"
 
 
-@pytest.mark.parametrize("how", ["HANG", "STOP"])
+@pytest.mark.parametrize("how", ["HANG", pytest.param("STOP", marks=pytest.mark.slow)])  # CI: one way to hang
 def test_a_hung_rank_makes_the_others_fail_after_the_timeout(how):
     """A rank that stops responding (its connections stay open: it sleeps, or is stopped
     with SIGSTOP) is noticed only through ``timeout``: the others raise then, naming the
@@ -188,10 +188,10 @@ def test_a_hung_rank_makes_the_others_fail_after_the_timeout(how):
 @pytest.mark.parametrize(
     "script,nproc,extra,expected",
     [("train_mlp.py", 2, [], "identical on all workers: True"),
-     ("train_mlp.py", 3, ["--servers", "1"], "identical on all workers: True"),
+     pytest.param("train_mlp.py", 3, ["--servers", "1"], "identical on all workers: True", marks=pytest.mark.slow),
      ("train_cnn_checkpoint.py", 2, [], "loads into a plain AdamW"),
-     ("train_lightning.py", 2, [], "identical on all workers: True"),
-     ("train_accelerate.py", 2, [], "identical on all workers: True")],
+     pytest.param("train_lightning.py", 2, [], "identical on all workers: True", marks=pytest.mark.slow),
+     pytest.param("train_accelerate.py", 2, [], "identical on all workers: True", marks=pytest.mark.slow)],
 )
 def test_examples_run_under_torchrun(tmp_path, script, nproc, extra, expected):
     example = Path(__file__).resolve().parents[2] / "examples" / script

@@ -69,7 +69,8 @@ def gradsched_clipping_script(tmp_path):
     path.unlink()
 
 
-@pytest.mark.parametrize("extra", [(), ("--amp", "--clip", "0.05")], ids=["plain", "amp-clip"])
+@pytest.mark.parametrize("extra", [pytest.param((), marks=pytest.mark.slow), ("--amp", "--clip", "0.05")],
+                         ids=["plain", "amp-clip"])  # CI: the harder one
 def test_a_ddp_script_switched_in_one_line_equals_ddp(tmp_path, gradsched_script, extra):
     reference = train("ddp_script.py", tmp_path / "ddp.pt", *extra)
     start = train("ddp_script.py", tmp_path / "none.pt", *extra, "--steps", "0")
@@ -97,7 +98,8 @@ def test_checkpoints_move_between_ddp_and_gradsched(tmp_path, gradsched_script):
     assert differences(back, reference) <= TOLERANCE
 
 
-@pytest.mark.parametrize("extra", [("--clip", "0.05"), ("--clip-value", "0.002")], ids=["norm", "value"])
+@pytest.mark.parametrize("extra", [("--clip", "0.05"), pytest.param(("--clip-value", "0.002"), marks=pytest.mark.slow)],
+                         ids=["norm", "value"])  # CI: the one that waits for every reduction
 def test_gradscheds_clipping_calls_equal_torchs_under_ddp(tmp_path, gradsched_clipping_script, extra):
     """model.clip_grad_norm_ (waits for every reduction) and model.clip_grad_value_ (waits for
     none: each gradient is clamped once reduced) in place of torch's, with AMP."""

@@ -52,7 +52,7 @@ def _train(tmp_path: Path, tag: str, nproc: int, extra: list[str], victim: int |
     return out, torch.load(final)
 
 
-@pytest.mark.parametrize("victim", ["worker", "server"])
+@pytest.mark.parametrize("victim", ["worker", pytest.param("server", marks=pytest.mark.slow)])  # CI: one victim
 def test_a_killed_rank_restarts_and_resumes_to_the_uninterrupted_result(tmp_path, victim):
     nproc, extra, rank = (2, [], 1) if victim == "worker" else (3, ["--servers", "1"], 2)
     plain_out, plain = _train(tmp_path, "plain", nproc, extra, victim=None)

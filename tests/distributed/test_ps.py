@@ -26,7 +26,7 @@ def check(results, out, policies, optimizers) -> None:
         assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
 
 
-@pytest.mark.parametrize("world,servers,delays", [(3, 1, False), (4, 2, True)])
+@pytest.mark.parametrize("world,servers,delays", [pytest.param(3, 1, False, marks=pytest.mark.slow), (4, 2, True)])
 def test_every_policy_matches_ddp_with_parameter_servers(tmp_path, world, servers, delays):
     out = tmp_path / "out.json"
     policies, optimizers = ["fifo", "priority", "bytescheduler", "prophet"], ["sgd", "adam"]
@@ -42,6 +42,7 @@ def test_servers_answering_in_pieces_of_a_few_hundred_bytes_match_ddp(tmp_path):
                     "adam", timeout=240, env={"GRADSCHED_PS_PIECE_BYTES": "256"}), out, ["fifo", "prophet"], ["adam"])
 
 
+@pytest.mark.slow  # CI: 2 workers + 2 servers above, and 2 + 1 in the dead-rank test
 def test_three_workers_one_server(tmp_path):
     """A server averaging 3 workers: plain SGD, whose step is proportional to the average
     (a divisor of 2 or 4 would show), against DDP over the 3 workers."""
@@ -69,7 +70,7 @@ def test_compression_with_parameter_servers(tmp_path, compression):
         assert result["moved"] > 1e-2, case
 
 
-@pytest.mark.parametrize("victim,what", [(1, "a worker"), (2, "the server")])
+@pytest.mark.parametrize("victim,what", [(1, "a worker"), pytest.param(2, "the server", marks=pytest.mark.slow)])
 def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
     results = run_ranks("death.py", 3, timeout=90, env={"VICTIM": str(victim), "SERVERS": "1"})
     assert results[victim].returncode == -9

@@ -96,3 +96,20 @@ def test_which_hooks_pipeline_and_what_they_send():
     assert wire_dtype_of(default_hooks.bf16_compress_hook) is torch.bfloat16
     assert wire_dtype_of(default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)) is torch.float16
     assert wire_dtype_of(default_hooks.allreduce_hook) is None and wire_dtype_of(powerSGD_hook.powerSGD_hook) is None
+
+
+def test_a_hook_on_the_default_group_is_given_gradscheds_own(world_of_one):
+    """The states PyTorch's hooks take (a group, None) and PowerSGD's: where they name the default
+    group or the wrapper's, the hook communicates on gradsched's data group instead."""
+    import torch.distributed as dist
+
+    from gradsched.runtime.comm.comm_hook import hook_state
+
+    ours, users, other = dist.new_group(), dist.new_group(), dist.new_group()
+    assert hook_state(None, ours, None) is ours and hook_state(dist.group.WORLD, ours, None) is ours
+    assert hook_state(users, ours, users) is ours and hook_state(other, ours, users) is other
+    powersgd = powerSGD_hook.PowerSGDState(process_group=None)
+    assert hook_state(powersgd, ours, None) is powersgd and powersgd.process_group is ours
+    kept = powerSGD_hook.PowerSGDState(process_group=other)
+    assert hook_state(kept, ours, None).process_group is other
+    assert hook_state({"calls": 0}, ours, None) == {"calls": 0}  # a state of the user's own: as it is

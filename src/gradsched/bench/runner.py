@@ -25,7 +25,8 @@ from ..core.policies import FifoConfig
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
-from .dilation import AUTO_CPU_SHARE, auto_dilation, check_dilation, undilate
+from .dilation import (AUTO_CPU_SHARE, AUTO_RAISES, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation,
+                       undilate)
 from .netns import JUMBO_MTU, EmulatedCluster, available
 from .processes import Processes, free_port, read_result, starts
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY
@@ -167,6 +168,7 @@ class Setting:
     cast_s_per_byte: float | None = None  # and casting to it and back, per wire byte
     dilation: float = 1.0  # the time dilation K it ran under (its times are divided by K)
     dilation_busy: float | None = None  # --dilation auto: the host's CPUs busy communicating only, undilated
+    dilation_history: list[dict] | None = None  # --dilation auto: each dilated calibration's K and busiest run
 
     @property
     def bound_s(self) -> float:
@@ -302,17 +304,33 @@ def _measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[d
         return undilate(_launch(config, cluster, progress, runs, iters), k)
 
 
-def choose_dilation(config: BenchConfig, progress: Callable[[str], None] | None = None) -> tuple[BenchConfig, float]:
-    """``--dilation auto``: communication alone once, undilated, at the fastest link of the
-    config; the config with the K that keeps the host under the stated CPU share, and the
-    share measured."""
+def choose_dilation(config: BenchConfig, progress: Callable[[str], None] | None = None
+                    ) -> tuple[BenchConfig, float, list[dict]]:
+    """``--dilation auto`` (gradsched.bench.dilation): communication alone once, undilated, at
+    the fastest link of the config, for a first K; then the config's own runs at that K, K raised
+    while the busiest keeps the host over the stated share. The config with the K chosen, the
+    communication-only share and each dilated calibration's K and busiest share."""
     fastest = max((b for b in config.bandwidths_bps if b is not None), default=None)
+    where = f" at {fastest / 1e9:.3g} Gbit/s" if fastest else ""
     if progress:
-        progress(f"dilation: calibrating at {fastest / 1e9:.3g} Gbit/s" if fastest else "dilation: calibrating")
+        progress(f"dilation: calibrating{where}, communication only")
     undilated = dataclasses.replace(config, dilation=1.0)
     raw = _measure(undilated, fastest, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
     busy = raw.get("host_cpu", {}).get(COMM_ONLY)
-    return dataclasses.replace(config, dilation=float(auto_dilation(busy))), busy
+    k, history = auto_dilation(busy), []
+    for _ in range(AUTO_RAISES):
+        if progress:
+            progress(f"dilation: calibrating{where} at K={k}, the runs themselves")
+        trying = dataclasses.replace(config, dilation=float(k))
+        raw = _measure(trying, fastest, lambda message: None, iters=CALIBRATION_ITERS)
+        shares = [raw.get("host_cpu", {}).get(run) for run in config.runs]
+        busiest = max((s for s in shares if s is not None), default=None)
+        history.append({"dilation": k, "host_cpu_busy_busiest_run": busiest})
+        raised = raised_dilation(k, busiest)
+        if raised is None:
+            break
+        k = raised
+    return dataclasses.replace(config, dilation=float(k)), busy, history
 BALANCED_WITHIN = 0.05  # calibration stops once compute and communication differ by less than this
 
 
@@ -344,9 +362,10 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
         raise RuntimeError(f"--balance needs the emulated network ({why})")
     if not ok and warn:
         warn(f"no emulated network ({why}): running on loopback WITHOUT a bandwidth limit")
-    busy = None
+    busy, dilation_history = None, None
     if config.dilation == "auto":
-        config, busy = choose_dilation(config, progress) if ok else (dataclasses.replace(config, dilation=1.0), None)
+        config, busy, dilation_history = (choose_dilation(config, progress) if ok
+                                          else (dataclasses.replace(config, dilation=1.0), None, None))
     calibration = None
     if config.balance:
         balanced, calibration = find_balance(config, progress)
@@ -363,6 +382,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
         settings.append(_figures(config, bandwidth if ok else None, ok and bandwidth is not None, raw))
         settings[-1].calibration = calibration
         settings[-1].dilation, settings[-1].dilation_busy = float(config.dilation), busy
+        settings[-1].dilation_history = dilation_history
     return settings
 
 
@@ -382,7 +402,8 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "mtu": config.mtu,
         "dilation": settings[0].dilation if settings else 1.0,
         "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
-            "host_cpu_busy_comm_undilated": settings[0].dilation_busy, "target": AUTO_CPU_SHARE},
+            "host_cpu_busy_comm_undilated": settings[0].dilation_busy, "target": AUTO_CPU_SHARE,
+            "runs_target": AUTO_RUN_SHARE, "calibrations": settings[0].dilation_history},
         "emulated_network": all(s.limited for s in settings),
         "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
                       "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
@@ -423,9 +444,11 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         if s.dilation != 1 or s.dilation_busy is not None:
+            tried = "; ".join(f"K={c['dilation']:g}: busiest run {_percent(c['host_cpu_busy_busiest_run'])}"
+                              for c in s.dilation_history or [])
             chosen = "" if s.dilation_busy is None else (
-                f" (auto: communicating only kept the host {s.dilation_busy:.0%} busy undilated; "
-                f"target {AUTO_CPU_SHARE:.0%})")
+                f" (auto: communicating only kept the host {s.dilation_busy:.0%} busy undilated, target "
+                f"{AUTO_CPU_SHARE:.0%}; the runs themselves, target {AUTO_RUN_SHARE:.0%}: {tried or 'not measured'})")
             lines.append(f"  time dilation K={s.dilation:g}{chosen}: replayed compute x{s.dilation:g}, links at "
                          f"1/{s.dilation:g} of the rate, latency x{s.dilation:g}; every time shown divided by K "
                          "(per-message CPU, Python and TCP timers are not scaled)")

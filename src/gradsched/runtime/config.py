@@ -29,8 +29,8 @@ class RuntimeConfig:
     find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: settled when it ends,
     #   as DDP (one small collective per backward pass); a parameter unused on every rank keeps its grad (None)
     #   and is not updated
-    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before every forward pass that
-    #   trains (gradients enabled, outside no_sync()), as DDP
+    broadcast_buffers: bool = True  # copy rank 0's buffers (BatchNorm statistics) before a forward pass when the
+    #   one before it trained and synced (and before the first): DDP's require_forward_param_sync rule
     broadcast_parameters: bool = False  # at wrap time, copy rank 0's parameters instead of requiring equal ones
     compression: str | None = None  # "bf16" or "fp16": every message travels in that dtype, divided by the
     #   number of workers, then cast (one cast per message), and cast back on arrival, as DDP's bf16/fp16

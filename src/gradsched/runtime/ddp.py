@@ -36,6 +36,7 @@ from torch.distributed.utils import _to_kwargs
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .checks import check_optimizer, stray_parameters, warn_stray
+from .ddp_surface import missing_attribute, refuse_reducer_methods
 from .coordinator import Coordinator
 from .errors import GradschedError, entered_through
 from .handoff import DDP_NAMES_FORWARD_SYNC
@@ -71,9 +72,10 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
     methods of DDP's reducer that have no counterpart raise, naming themselves.
 
     Args (DDP's, as documented by PyTorch):
-        device_ids: ``None`` on CPU, or ``[device]`` where the module is (one device per process).
-        forward_sync_buffers: copy rank 0's buffers before every forward pass that trains (gradients
-            enabled, outside ``no_sync()``); default True.
+        device_ids: ``None`` on CPU, or ``[device]`` where the module is (one device per process):
+            tensors in the inputs are moved there before forward, as DDP moves them.
+        forward_sync_buffers: copy rank 0's buffers before a forward pass when the one before it
+            trained and synced (DDP's ``require_forward_param_sync`` rule); default True.
         broadcast_buffers: the older name of ``forward_sync_buffers``; ``False`` also skips the
             buffers' copy at construction (deprecated where PyTorch deprecates it, with its warning).
         init_sync: copy rank 0's parameters and buffers now (default True; False requires them equal).
@@ -84,6 +86,10 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         check_reduction, gradient_as_bucket_view, static_graph: accepted, no effect: gradients
             already live in the plan's buffers, and the graph is measured every backward pass.
         output_device, dim: accepted for one device per process, as DDP.
+
+    DDP's calls: ``no_sync()``, ``require_backward_grad_sync = False`` (the same, per forward
+    pass), ``register_comm_hook(state, hook)`` (the hook runs on the policy's messages),
+    ``join()``, ``_set_params_and_buffers_to_ignore_for_model``; sparse gradients are averaged.
 
     Wrapping a module again (while an earlier wrapper of it lives, or after) takes over from
     the earlier wrapper, which stops communicating. The wrapper pickles (``torch.save(model)``,
@@ -248,10 +254,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         try:
             return nn.Module.__getattr__(self, name)
         except AttributeError:
-            if name in _REDUCER_STATE:
-                raise AttributeError(f"{_WHERE} has no attribute {name!r}: it belongs to DDP's C++ reducer, which "
-                                     "gradsched replaces (see model.stats for what gradsched reports)") from None
-            raise
+            raise missing_attribute(_WHERE, name) from None
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -329,29 +332,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         return self._binder.coordinator.uneven
 
 
-# What DDP's reducer holds, read by some code (named when it is missing here).
-_REDUCER_STATE = ("reducer", "logger", "modules_buffers", "named_module_buffers", "buffer_hook", "_module_copies",
-                  "_lazy_init_ran", "_use_python_reducer", "_delay_all_reduce_all_params", "_comm_hooks",
-                  "_has_rebuilt_buckets", "_static_graph_delay_allreduce_enqueued", "_module_parameters")
-# DDP's methods that act on its reducer (or its construction): here each raises, naming itself.
-_KEPT = {"_get_active_ddp_module", "_inside_ddp_forward", "_get_data_parallel_params",
-         "_set_params_and_buffers_to_ignore_for_model", "scatter", "gather", "to_kwargs", "_distributed_rank",
-         "__init__", "__getstate__", "__setstate__"}
-
-
-def _refused(name: str) -> Any:
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise GradschedError(f"{_WHERE}.{name}() is DDP's and acts on DDP's C++ reducer, which gradsched replaces; "
-                             "it has no counterpart here")
-    refuse.__name__ = name
-    return refuse
-
-
-for _name, _member in list(vars(TorchDDP).items()):
-    if (callable(_member) and not isinstance(_member, (staticmethod, classmethod, type)) and not _name.startswith("__")
-            and _name not in _KEPT and _name not in vars(DistributedDataParallel)):
-        setattr(DistributedDataParallel, _name, _refused(_name))
-del _name, _member
+refuse_reducer_methods(DistributedDataParallel, _WHERE)
 
 
 class _Binder:
