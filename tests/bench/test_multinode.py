@@ -32,6 +32,7 @@ def _torchrun(nnodes: int, node_rank: int, nproc: int, endpoint: str, tmp_path: 
             "--checkpoint", str(tmp_path / f"{tag}.pt"), "--out", str(tmp_path / f"{tag}-final.pt"), *STEPS]
 
 
+@pytest.mark.slow  # CI: the bench's timeout test launches the same torchrun hosts and cleans them up
 @needs_netns
 def test_two_hosts_of_two_processes_train_as_one_host_of_four(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
