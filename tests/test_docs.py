@@ -73,3 +73,16 @@ def test_the_conformance_figures_are_what_their_json_prints():
     assert run.headline(report) in " ".join(README.split())  # the README's sentence may wrap
     page = (ROOT / "docs" / "conformance.md").read_text()
     assert run.summary(report) in page and run.exclusions() in page
+
+
+def test_the_demos_figures_are_what_its_json_says():
+    """The README's account of make demo's measured part (one run, dilated K=3)."""
+    demo = figure("demo-resnet50-k3")
+    rows = {r["policy"]: r for r in demo["results"]}
+    ddp, prophet = rows["ddp"], rows["prophet"]
+    text = " ".join(README.split())
+    assert demo["dilation"] == 3.0 and "time-dilated K=3" in text
+    said = (f"prophet {prophet['ratio_to_bound']:.2f}x the bound and {prophet['speedup_vs_ddp']:.2f}x faster than DDP "
+            f"(DDP {ddp['ratio_to_bound']:.2f}x), predicted {prophet['predicted_s'] / prophet['iteration_s'] - 1:.0%} "
+            f"slower than measured, the host {prophet['host_cpu_busy']:.0%} busy")
+    assert said in text

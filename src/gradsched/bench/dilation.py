@@ -20,9 +20,8 @@ the smallest whole K at which the host's CPUs would be at most :data:`AUTO_CPU_S
 (taking the busy share to fall as 1/K). Communication alone is the lightest load the policies
 put on the host, so it then runs the setting's own runs for a few iterations at that K, and
 while the busiest of them keeps the host over :data:`AUTO_RUN_SHARE` it raises K in proportion
-(at most twice more). Measured before this rule (ResNet-50 batch 64 at its balance point):
-communication alone chose K=2, where the policies' runs kept the host 47-75% busy and prophet
-measured 1.16x the bound; at K=3 1.11x, at K=5 (the host 27-43% busy) 1.04x.
+(at most twice more): judged by communication alone, ResNet-50 batch 64 at its balance point
+got K=2, where the policies' runs kept the host 47-75% busy (docs/bench.md).
 """
 
 from __future__ import annotations
