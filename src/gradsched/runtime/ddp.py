@@ -128,7 +128,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         policy = policy or os.environ.get("GRADSCHED_POLICY") or "bytescheduler"
         with entered_through(_WHERE):
             process_group = _process_group(process_group, device_mesh)
-            options = _runtime_options(module, device_ids, output_device, dim, process_group, options)
+            options = _runtime_options(module, device_ids, output_device, dim, options)
             sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
             options = dict(options, find_unused_parameters=find_unused_parameters, broadcast_buffers=sync_buffers,
                            broadcast_parameters=init_sync)
@@ -245,10 +245,6 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         """DDP's own input mover (``torch.distributed.utils._to_kwargs``; on CUDA, on a side stream)."""
         moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, self.use_side_stream_for_tensor_copies)
         return moved_args[0], moved_kwargs[0]
-
-    def train(self, mode: bool = True) -> DistributedDataParallel:
-        nn.Module.train(self, mode)
-        return self
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -459,7 +455,7 @@ def _process_group(process_group: Any, device_mesh: Any) -> Any:
 
 
 def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
-                     process_group: Any, options: dict[str, Any]) -> dict[str, Any]:
+                     options: dict[str, Any]) -> dict[str, Any]:
     """Check DDP's arguments; return the keyword options that are gradsched's."""
     where = _WHERE
     for name, default in _UNSUPPORTED.items():

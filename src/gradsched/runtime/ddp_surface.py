@@ -22,7 +22,7 @@ REDUCER_STATE = ("reducer", "logger", "modules_buffers", "named_module_buffers",
 # DDP's methods kept as they are: they act on what the wrapper has (or are constructors and pickling,
 # which the wrapper defines itself).
 KEPT = {"_get_active_ddp_module", "_inside_ddp_forward", "_get_data_parallel_params",
-        "_set_params_and_buffers_to_ignore_for_model", "scatter", "gather", "to_kwargs", "_distributed_rank",
+        "_set_params_and_buffers_to_ignore_for_model", "scatter", "gather", "to_kwargs", "_distributed_rank", "train",
         "__init__", "__getstate__", "__setstate__"}
 
 
