@@ -30,6 +30,7 @@ _EXPORTS = {
     "DistributedDataParallel": "gradsched.runtime",
     "GradschedError": "gradsched.runtime",
     "ScheduledOptimizer": "gradsched.runtime",
+    "pipelined": "gradsched.runtime",
 }
 
 __all__ = ["__version__", *_EXPORTS]

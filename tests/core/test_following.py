@@ -31,6 +31,8 @@ def _drive(follower, events):
             ready.add(INDEX[what])
         elif kind == "sent":
             follower.mark_sent(what)
+        elif kind == "resolved":
+            trace.append(f"reduced {sorted(follower.resolve(what))}")
         else:
             trace.append(f"reduced {sorted(follower.finish(what))}")
         trace.append(f"{kind} {what}")
@@ -38,6 +40,25 @@ def _drive(follower, events):
             k, idle = follower.launch()
             trace.append(f"launch {k}{' idle' if idle else ''}")
     return trace
+
+
+def test_a_resolved_message_reduces_its_gradients_but_frees_its_credit_only_once_finished():
+    """CUDA: a message's results are in place (resolved, behind an event) before the device has
+    run it (finished); its gradients count as reduced at the first, its credit is free at the second."""
+    plan = Plan("bytescheduler", True, (
+        _message([("w1", 0, 10)], after_tensor="w1"),
+        _message([("w0", 0, 10)], after_message=0),
+    ), span_s=1.0)
+    follower = RoundFollower(plan, INDEX)
+    trace = _drive(follower, [("ready", "w1"), ("ready", "w0"), ("resolved", 0), ("done", 0), ("resolved", 1),
+                              ("done", 1)])
+    assert trace == ["ready w1", "launch 0 idle", "ready w0",
+                     "reduced [1]", "resolved 0",  # w1 reduced; message 1 still waits for message 0's end
+                     "reduced []", "done 0", "launch 1 idle",
+                     "reduced [0]", "resolved 1", "reduced []", "done 1"]
+    assert follower.complete
+    with pytest.raises(ValueError, match="resolved twice"):
+        follower.resolve(1)
 
 
 def test_a_credit_window_releases_a_message_when_an_earlier_one_finishes():

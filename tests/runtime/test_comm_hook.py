@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+import gradsched
 from gradsched.core.plan import Plan, PlannedMessage
 from gradsched.runtime.comm.comm_hook import HookTransport, synchronous, wire_dtype_of
 from gradsched.runtime.comm.plans import PlanVersions
@@ -96,6 +97,12 @@ def test_which_hooks_pipeline_and_what_they_send():
     assert wire_dtype_of(default_hooks.bf16_compress_hook) is torch.bfloat16
     assert wire_dtype_of(default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook)) is torch.float16
     assert wire_dtype_of(default_hooks.allreduce_hook) is None and wire_dtype_of(powerSGD_hook.powerSGD_hook) is None
+
+    def mine(state, bucket):
+        return default_hooks.allreduce_hook(state, bucket)
+
+    assert not synchronous(mine)  # unknown: one message at a time
+    assert gradsched.pipelined(mine) is mine and synchronous(mine)  # said to issue inside the call
 
 
 def test_a_hook_on_the_default_group_is_given_gradscheds_own(world_of_one):

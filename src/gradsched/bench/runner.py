@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from ..core import POLICIES, MeasuredLink, policy_config
 from ..core.base import PolicyConfig
-from ..core.policies import FifoConfig
+from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
@@ -280,7 +280,7 @@ def _ran(config: BenchConfig, policy: str, result: dict, wire_ratio: float) -> P
     trial: DDP's, with caps scaled to wire bytes; tuned options)."""
     base = policy.partition("+")[0]
     ran = result.get("plan") or base
-    if ran == "fifo" and base != "fifo":
+    if is_buckets(ran) and not is_buckets(base):
         return FifoConfig.ddp_buckets(wire_ratio=wire_ratio)
     options = config.policy_options(ran) if ran == base else {}
     tuned = (result.get("autotune") or {}).get("best_options")
@@ -477,7 +477,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
             speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.get("plan") or (f"buckets {row['bucket_cap_mb']} MB" if "bucket_cap_mb" in row else "")
             tuned = (row.get("autotune") or {}).get("best_options")
-            if tuned and plan != "fifo":
+            if tuned and not is_buckets(plan):
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
                                          for k, v in tuned.items()) + ")"
             lines.append(f"  {row['policy']:<{width}} {row['iteration_s'] * 1e3:9.1f} {row['ratio_to_bound']:8.3f} "

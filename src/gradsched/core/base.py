@@ -137,6 +137,9 @@ class PolicyConfig:
     """
 
     name: ClassVar[str] = ""
+    #: the policy is DDP's own scheme (buckets in reverse order): nothing to measure it against,
+    #: and what a policy that loses its trial falls back to
+    is_buckets: ClassVar[bool] = False
 
     def build(self) -> Policy:  # pragma: no cover - abstract
         raise NotImplementedError

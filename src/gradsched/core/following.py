@@ -42,6 +42,7 @@ class RoundFollower:
         self.launched = 0  # messages started (always a prefix of the plan)
         self.in_flight = 0  # started, not finished
         self.done = [False] * n
+        self.resolved = [False] * n  # its results are in place (on CUDA: ordered behind an event)
         self.sent = [False] * n  # reported sent by the transport (parameter servers)
         self.remaining: dict[int, int] = {}  # tensor -> slices not yet reduced
         self.messages_of: dict[int, list[int]] = {}  # tensor -> messages carrying a slice of it
@@ -93,19 +94,31 @@ class RoundFollower:
         self._check_started(k)
         self.sent[k] = True
 
-    def finish(self, k: int) -> list[int]:
-        """Message ``k`` finished: the gradients whose every slice is now reduced."""
+    def resolve(self, k: int) -> list[int]:
+        """Message ``k``'s results are in place (a consumer that waits for them sees them),
+        though it may not have finished (CUDA: the device may still be running it): the
+        gradients whose every slice is now reduced."""
         self._check_started(k)
-        if self.done[k]:
-            raise ValueError(f"message {k} finished twice")
-        self.done[k] = True
-        self.sent[k] = True
-        self.in_flight -= 1
+        if self.resolved[k]:
+            raise ValueError(f"message {k} resolved twice")
+        self.resolved[k] = True
         reduced = []
         for i in self._carried[k]:  # one entry per slice
             self.remaining[i] -= 1
             if self.remaining[i] == 0:
                 reduced.append(i)
+        return reduced
+
+    def finish(self, k: int) -> list[int]:
+        """Message ``k`` finished (its credit is free again): the gradients whose every slice
+        is now reduced, if it was not resolved before."""
+        self._check_started(k)
+        if self.done[k]:
+            raise ValueError(f"message {k} finished twice")
+        reduced = [] if self.resolved[k] else self.resolve(k)
+        self.done[k] = True
+        self.sent[k] = True
+        self.in_flight -= 1
         return reduced
 
     def carries_from(self, i: int, k: int) -> bool:

@@ -1,5 +1,6 @@
 """The PyTorch runtime: ``gradsched.wrap`` over torch.distributed all-reduce or parameter servers."""
 
+from .comm.comm_hook import pipelined
 from .config import RuntimeConfig
 from .ddp import DistributedDataParallel
 from .errors import GradschedError
@@ -7,4 +8,4 @@ from .optimizer import ScheduledOptimizer
 from .stats import Prediction, RunStats
 from .wrap import wrap
 
-__all__ = ["DistributedDataParallel", "GradschedError", "Prediction", "RunStats", "RuntimeConfig", "ScheduledOptimizer", "wrap"]
+__all__ = ["DistributedDataParallel", "GradschedError", "Prediction", "RunStats", "RuntimeConfig", "ScheduledOptimizer", "pipelined", "wrap"]

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import failing_rank
+from .torch_private import ddp_ignored
 
 
 def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup, what: str,
@@ -40,5 +41,5 @@ def broadcast_model(model: torch.nn.Module, with_buffers: bool, source: int, gro
 def buffers_of(model: torch.nn.Module) -> list[torch.Tensor]:
     """The module's buffers (BatchNorm statistics) that DDP syncs: those set to None and those
     DDP is told to ignore (``_set_params_and_buffers_to_ignore_for_model``) left out."""
-    skip = set(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
+    skip = ddp_ignored(model)
     return [b for name, b in model.named_buffers() if b is not None and name not in skip]

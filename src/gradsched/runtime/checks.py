@@ -16,6 +16,7 @@ from .config import RuntimeConfig
 from .errors import GradschedError, entry
 from .optimizer import ScheduledOptimizer
 from .sparse import sparse_parameters
+from .torch_private import ddp_ignored
 from . import wire_format
 from .wire_format import RankChecks
 
@@ -65,7 +66,7 @@ def ignored(model: nn.Module) -> set[str]:
     """The names of parameters and buffers DDP leaves alone: those set with
     ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)``
     (neither copied from rank 0, nor reduced, nor synced: each rank keeps its own)."""
-    return set(getattr(model, "_ddp_params_and_buffers_to_ignore", None) or ())
+    return ddp_ignored(model)
 
 
 def check_comm_hook(comm_hook: Any, config: RuntimeConfig) -> None:

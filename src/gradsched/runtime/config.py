@@ -13,10 +13,29 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import entry
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Everything gradsched reads from the process environment, read here and nowhere else."""
+
+    policy: str | None  # GRADSCHED_POLICY: DistributedDataParallel's policy where none is passed
+    ordered_completion: bool  # GRADSCHED_ORDERED_COMPLETION=1: the CUDA path's completion threads on CPU too (tests)
+    ps_piece_bytes: int | None  # GRADSCHED_PS_PIECE_BYTES: servers answer in pieces of this size (set alike
+    #   on every rank; tests cut small messages)
+    ddp_side_stream: bool  # PYTORCH_DDP_USE_SIDE_STREAM (DDP's own, default 1): inputs moved on a side stream
+
+    @classmethod
+    def read(cls) -> Environment:
+        env = os.environ
+        piece = env.get("GRADSCHED_PS_PIECE_BYTES")
+        return cls(env.get("GRADSCHED_POLICY") or None, env.get("GRADSCHED_ORDERED_COMPLETION") == "1",
+                   int(piece) if piece else None, env.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1")
 
 
 @dataclass(frozen=True)

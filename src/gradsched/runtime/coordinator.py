@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..core.base import PolicyConfig
-from .broadcast import broadcast_flat, broadcast_model, buffers_of
+from .broadcast import broadcast_model
+from .buffer_sync import BufferSync
 from .config import RuntimeConfig
 from .errors import GradschedError, entry
 from .exposure import Exposure, say_exposure
@@ -41,6 +42,7 @@ from .syncing import SyncSwitches
 from .topology import Topology
 from .tracing import RunTrace
 from .unused import UnusedParameters, agree_unused
+from .comm.streams import produced_here
 from .comm.transports import make_transport, travelling_dtype
 from .handoff import TorchReducer, hands_off
 from .sparse import SparseGradients
@@ -138,6 +140,10 @@ class Coordinator:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         self._handles.extend(self.sparse.attach())
         self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.waits)
+        allreduce = self.config.architecture == "allreduce"  # else the data group holds the servers too
+        self.buffer_sync = BufferSync(self.model, self.exchange,
+                                      lambda: self.topology.data if allreduce else self.topology.buffers,
+                                      allreduce, self.explain)
         self.planner = Planner(self.tensors, self.params, self.policy, self.config, self.waits.owners(self.names),
                                self.exchange,
                                self.topology.control, self.rank, self.world_size,
@@ -147,7 +153,7 @@ class Coordinator:
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
         for module in self.model.modules():
-            if module in self.waits.hooked:
+            if module in self.waits.hooked or module in self.buffer_sync.owners:
                 self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
         self._handles.append(self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
         self._handles.append(self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())))
@@ -176,10 +182,13 @@ class Coordinator:
                 f"parameter {self.names[i]!r} received a gradient twice in one backward pass; run one "
                 "backward per forward, and use no_sync() for backward passes that should not communicate"
             )
-        now = self.current.timing.ready[self.names[i]] = self.clock.stamp(self.current.timing, ("ready", self.names[i]))
+        grad = self.handover.place(grad, self.current.homes.get(i))
+        timing, key = self.current.timing, ("ready", self.names[i])
+        now = timing.ready[self.names[i]] = self.clock.stamp(timing, key)  # its event: also where it was produced
         if self.trace:
-            self.trace.ready(self.round, self.names[i], now, backward_from=self.current.timing.forward_end)
-        self.handover.receive(i, grad, self.current.homes.get(i), self.round, self.current.grad_scale)
+            self.trace.ready(self.round, self.names[i], now, backward_from=timing.forward_end)
+        self.handover.hand_over(i, grad, self.round, self.current.grad_scale,
+                                produced=produced_here(self.clock.device, timing.events.get(key)))
 
     def _start_round(self) -> None:
         self.current.begin(self.exchange.homes(self.round + 1))
@@ -256,6 +265,7 @@ class Coordinator:
         if self._closed:
             return
         self.current.ran.add(id(module))
+        self.buffer_sync.before(module)
         idx = self.waits.of.get(module)
         if not idx:
             return
@@ -368,9 +378,20 @@ class Coordinator:
         self._hand_off = False
         self.synchronize()
         self._detach_hooks()  # gradsched's own: off the training thread's path from now on
+        self._release_buffers()
         self.reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=self.sync.enabled,
                                     comm_hook=self.comm_hook)
         self.handed_off_round, self.uneven = self.round + 1, self.reducer.ddp  # join(): DDP's own
+
+    def _release_buffers(self) -> None:
+        """Let go of gradsched's flat gradient buffers (DDP's buckets hold the gradients from the
+        hand-off on): a gradient that lives in one moves to memory of its own."""
+        homes = {h.data_ptr() for h in self.current.homes.values()}
+        for p in self.params:
+            if p.grad is not None and p.grad.data_ptr() in homes:
+                p.grad = p.grad.clone()
+        self.current.homes = {}
+        self.exchange.release_buffers()
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
@@ -403,6 +424,7 @@ class Coordinator:
     def synchronize(self) -> None:
         if self._closed or self.reducer is not None:
             return
+        self.buffer_sync.wait()
         self._close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
 
@@ -440,11 +462,13 @@ class Coordinator:
                         planner.tuning, list(planner.switches), self.handed_off_round, *exposure)
 
     def broadcast_buffers(self, source: int = 0) -> None:
-        """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker."""
-        broadcast_flat(buffers_of(self.model), source, self.topology.buffers, "broadcasting buffers", self.explain)
+        """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker: under way on
+        return, waited for by the forward passes that read them (gradsched.runtime.buffer_sync)."""
+        self.buffer_sync.start(source)
 
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
+        self.buffer_sync.wait()
         broadcast_model(self.model, self.config.broadcast_buffers, source, self.topology.buffers, self.explain)
 
     def _status(self) -> Status:
@@ -491,6 +515,7 @@ class Coordinator:
                 self.unused.close()
             for release in self.on_close:  # what the objects users hold let go of (DistributedDataParallel's)
                 release()
+            self.buffer_sync.close()
             self.exchange.close(wait=wait)  # every object lets go of the groups it used
             self.planner.close()
             self.topology.release()

@@ -23,7 +23,6 @@ around ``step()`` before or after keep working.
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -32,11 +31,12 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.utils import _to_kwargs
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .checks import check_optimizer, stray_parameters, warn_stray
 from .ddp_surface import missing_attribute, refuse_reducer_methods
+from ..core.policies import is_buckets
+from .config import Environment
 from .coordinator import Coordinator
 from .errors import GradschedError, entered_through
 from .handoff import DDP_NAMES_FORWARD_SYNC
@@ -44,6 +44,7 @@ from .broadcast import buffers_of
 from .join import JoinsUnevenInputs, UnevenInputs
 from .optimizer import ScheduledOptimizer
 from .stats import RunStats
+from .torch_private import ddp_ignored, move_inputs
 from .wrap import start
 
 _WHERE = "gradsched.DistributedDataParallel"
@@ -125,7 +126,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         **options: Any,
     ) -> None:
         nn.Module.__init__(self)  # not DDP's: gradsched reduces, not DDP's reducer
-        policy = policy or os.environ.get("GRADSCHED_POLICY") or "bytescheduler"
+        policy = policy or Environment.read().policy or "bytescheduler"
         with entered_through(_WHERE):
             process_group = _process_group(process_group, device_mesh)
             options = _runtime_options(module, device_ids, output_device, dim, options)
@@ -134,7 +135,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
                            broadcast_parameters=init_sync)
             if bucket_cap_mb is not None:
                 options["bucket_cap_mb"] = float(bucket_cap_mb)
-                if policy == "fifo":
+                if is_buckets(policy):  # its buckets are DDP's: bucket_cap_mb caps them
                     policy_options = {"bucket_cap_bytes": int(bucket_cap_mb * (1 << 20)), **(policy_options or {})}
             if options.get("exit_server") is False:
                 raise ValueError(f"{_WHERE}: exit_server=False is for gradsched.wrap; here a parameter server "
@@ -152,8 +153,8 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         self.gradient_as_bucket_view, self.static_graph = gradient_as_bucket_view, static_graph
         self.bucket_bytes_cap = int(options.get("bucket_cap_mb", 25.0) * (1 << 20))
         self.mixed_precision = None
-        self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", None) or ())
-        self.use_side_stream_for_tensor_copies = os.environ.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1"
+        self.parameters_to_ignore = ddp_ignored(module)
+        self.use_side_stream_for_tensor_copies = Environment.read().ddp_side_stream
         self.is_multi_device_module = False
         self._comm_hook: tuple[Any, Any] | None = None  # (state, hook), register_comm_hook's
         self._attach(init_sync and init_sync_buffers)
@@ -242,9 +243,8 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         return self.module(*args, **kwargs)
 
     def _move_inputs(self, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
-        """DDP's own input mover (``torch.distributed.utils._to_kwargs``; on CUDA, on a side stream)."""
-        moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, self.use_side_stream_for_tensor_copies)
-        return moved_args[0], moved_kwargs[0]
+        """DDP's own input mover (on CUDA, on a side stream)."""
+        return move_inputs(args, kwargs, device, self.use_side_stream_for_tensor_copies)
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .comm.compression import ddp_hook, wire_dtype
 from .config import RuntimeConfig
 from .hooks import Hook
+from .torch_private import ddp_post_forward, ddp_pre_forward
 
 #: the installed DDP calls the buffer sync before each forward ``forward_sync_buffers`` (2.13+)
 DDP_NAMES_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
@@ -79,12 +80,10 @@ class TorchReducer:
     def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
             self.rounds += 1
-        DistributedDataParallel._active_ddp_module = self.ddp
-        return self.ddp._pre_forward(*args, **kwargs)
+        return ddp_pre_forward(self.ddp, args, kwargs)
 
     def _after(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        DistributedDataParallel._active_ddp_module = None
-        return self.ddp._post_forward(output)
+        return ddp_post_forward(self.ddp, output)
 
     def sync(self, enabled: bool) -> None:
         """Whether backward passes reduce (``no_sync()`` turns it off, as DDP's does)."""

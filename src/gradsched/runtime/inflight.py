@@ -21,6 +21,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .comm.exchange import Exchange
+from .comm.streams import Produced
+from .torch_private import plain_torch_function
 
 
 class InFlightGrad(torch.Tensor):
@@ -38,7 +40,7 @@ class InFlightGrad(torch.Tensor):
             return x
 
         args, kwargs = tree_map(plain, (args, kwargs or {}))
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch_function():
             return func(*args, **kwargs)
 
 
@@ -59,17 +61,17 @@ class Handover:
         self.kept: dict[int, torch.Tensor] = {}  # parameter -> the value its .grad gets back once reduced
         self._warned_create_graph = False
 
-    def receive(self, i: int, grad: torch.Tensor, home: torch.Tensor | None, round_index: int,
-                scale: float | None = None) -> None:
-        """Hand over the gradient backward just produced for parameter ``i``: moved into its home
-        (its place in the plan's flat buffer) if it has one. Under ``backward(create_graph=True)``
-        it is averaged as values, as with DDP (the graph through it is not kept)."""
+    def place(self, grad: torch.Tensor, home: torch.Tensor | None) -> torch.Tensor:
+        """Where the gradient backward just produced is handed over from: moved into its home
+        (its place in the plan's flat buffer) if it has one. Under
+        ``backward(create_graph=True)`` it is averaged as values, as with DDP (the graph
+        through it is not kept)."""
         if grad.requires_grad:
             if not self._warned_create_graph:
                 self._warned_create_graph = True
                 warnings.warn("gradsched: backward(create_graph=True): gradients are averaged as values; the graph "
                               "through them is not kept, so higher-order gradients are not synchronized across "
-                              "ranks (as with DDP)", stacklevel=4)
+                              "ranks (as with DDP)", stacklevel=5)
             grad = grad.detach()
         with torch.no_grad():
             if home is not None:
@@ -78,10 +80,10 @@ class Handover:
                     grad = home
             elif not grad.is_contiguous():
                 grad = grad.contiguous()
-        self.hand_over(i, grad, round_index, scale)
+        return grad
 
     def hand_over(self, i: int, grad: torch.Tensor, round_index: int, scale: float | None = None,
-                  keep: torch.Tensor | None = None) -> None:
+                  keep: torch.Tensor | None = None, produced: Produced | None = None) -> None:
         """Give the exchange gradient ``i`` (a plain tensor) and leave it in flight in ``.grad``;
         once reduced, it is multiplied by ``scale`` if given, or gets ``keep``'s value back (a
         gradient that must stay untouched, though the message reduces the memory it lives in)."""
@@ -94,7 +96,7 @@ class Handover:
         marked._gradsched_plain = grad
         marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
         self.params[i].grad = marked
-        self.exchange.mark_ready(i, grad, round_index)
+        self.exchange.mark_ready(i, grad, round_index, produced)
 
     def wait(self, indices: Sequence[int], what: str) -> None:
         """Block until these gradients are reduced, then settle them."""
@@ -102,7 +104,9 @@ class Handover:
         self.settle(indices)
 
     def settle(self, indices: Sequence[int]) -> None:
-        """These gradients are reduced and seen so: plain tensors again, clamped if asked."""
+        """These gradients are reduced and seen so: plain tensors again, clamped if asked; on CUDA
+        the current stream waits for their reduced values first (where they are used)."""
+        self.exchange.order_after(indices)
         for i in indices:
             p = self.params[i]
             if isinstance(p.grad, InFlightGrad):

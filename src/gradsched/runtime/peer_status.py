@@ -179,9 +179,9 @@ def _job_store() -> Any:
     """A clone of the default process group's store (its own connection) with a short
     timeout, or None."""
     try:
-        from torch.distributed.distributed_c10d import _get_default_store
+        from .torch_private import default_store
 
-        store = _get_default_store().clone()
+        store = default_store().clone()
         store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         return store
     except Exception:  # noqa: BLE001 - no default group, or a store that cannot be cloned

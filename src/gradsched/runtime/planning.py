@@ -80,7 +80,7 @@ class Planner:
         self.settle = settle  # waits until no gradient is in flight
         self.on_buckets_kept = on_buckets_kept  # told on every rank when the measured trial keeps the buckets
         self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
-        compare = world_size > 1 and policy.name != "fifo"
+        compare = world_size > 1 and not policy.is_buckets
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
                  if compare else ())
         self.schedule = ControlSchedule(config.profile_rounds, config.trial_rounds, config.replan_every, len(kinds))

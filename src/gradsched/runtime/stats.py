@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control.arms import TrialReport, TuningReport
+from ..core.policies import is_buckets
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class RunStats:
     @property
     def fell_back(self) -> bool:
         """The run uses DDP-style buckets instead of the policy asked for."""
-        return self.plan_policy == "fifo" and self.policy != "fifo"
+        return is_buckets(self.plan_policy) and not is_buckets(self.policy)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready), nested reports included."""

@@ -32,6 +32,11 @@ from .config import RuntimeConfig
 from .errors import GradschedError, entry
 
 
+#: NCCL's watchdog aborts the process once a collective exceeds its group's timeout, before any
+#: future reports it: the data group's is this much longer than gradsched's own ``timeout``, so
+#: gradsched's wait for a reduction expires first and its error names the rank that stopped
+NCCL_WATCHDOG_MARGIN = timedelta(seconds=60)
+
 # every group gradsched made in this process: destroyed at exit (gradsched.runtime.wrap),
 # while the interpreter is whole, not in its teardown
 _CREATED: list[dist.ProcessGroup] = []
@@ -96,7 +101,8 @@ class Topology:
         wait = timedelta(seconds=config.timeout)
         everywhere = world == dist.get_world_size()  # the whole job: every rank creates every group
 
-        def new(among: list[int] | None, backend: str | None = None) -> dist.ProcessGroup | None:
+        def new(among: list[int] | None, backend: str | None = None,
+                wait: timedelta = wait) -> dist.ProcessGroup | None:
             """A group of the ranks ``among`` of ``group`` (None: all of them). Over a part of
             the job, only its members create it (the others need not wrap at the same time);
             gradsched's groups of one wrap are then made in the same order on every member."""
@@ -110,7 +116,8 @@ class Topology:
                                   use_local_synchronization=True)
 
         parts = workers if servers else None  # with servers, every rank creates every group, in the same order
-        data = new(None)  # the groups of every rank first: a part of the job then agrees on the rest's names
+        # the groups of every rank first: a part of the job then agrees on the rest's names
+        data = new(None, wait=wait + NCCL_WATCHDOG_MARGIN if "nccl" in str(dist.get_backend(group)) else wait)
         plans = new(None, "gloo") if servers else None
         groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans)
         _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)

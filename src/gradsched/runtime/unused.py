@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.autograd.graph import get_gradient_edge
 
 from .errors import failing_rank
+from .torch_private import will_be_reached
 
 
 def _reached(node: object) -> bool:
@@ -35,7 +36,7 @@ def _reached(node: object) -> bool:
     built on. That hook itself cannot be used on parameters: it makes ``torch.autograd.grad``
     with parameters as inputs raise.
     """
-    return torch._C._will_engine_execute_node(node)
+    return will_be_reached(node)
 
 
 class UnusedParameters:

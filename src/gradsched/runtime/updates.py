@@ -23,9 +23,10 @@ import torch
 
 from .comm.exchange import Exchange
 from .inflight import Handover
+from .torch_private import GRAD_SCALER_ATTRIBUTES
 from .tracing import RunTrace
 
-SCALING = ("grad_scale", "found_inf")  # what GradScaler sets on a fused optimizer around its step()
+SCALING = GRAD_SCALER_ATTRIBUTES  # what GradScaler sets on a fused optimizer around its step()
 
 
 class Snapshot(NamedTuple):
@@ -47,6 +48,8 @@ class DeferredUpdates:
         self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
         self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
         self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
+        self._where_key: tuple = ()
+        self._where_map: dict[int, tuple[int, int, torch.Tensor]] = {}
 
     def pending(self, i: int) -> bool:
         return i in self.update or i in self.zero
@@ -110,16 +113,34 @@ class DeferredUpdates:
         """Run the optimizer's step on ``indices`` only, with ``snapshot``'s hyper-parameters."""
         self.step_only({id(self.params[i]) for i in indices}, snapshot)
 
+    def _where(self) -> dict[int, tuple[int, int, torch.Tensor]]:
+        """``id(parameter)`` -> (its group, its position there, the parameter) in the
+        optimizer, made again only when the groups change: a partial step costs what it
+        updates, not what the optimizer holds."""
+        groups = self.optimizer.param_groups
+        key = (id(self.optimizer), tuple((id(g["params"]), len(g["params"])) for g in groups))
+        if self._where_key != key:
+            self._where_key = key
+            self._where_map = {id(p): (g, k, p) for g, group in enumerate(groups)
+                               for k, p in enumerate(group["params"])}
+        return self._where_map
+
     def step_only(self, chosen: set[int], snapshot: Snapshot) -> None:
         """Run the optimizer's step on the parameters whose ``id`` is in ``chosen``, with
         ``snapshot``'s hyper-parameters."""
         if not chosen:
             return
         started = time.perf_counter()
+        members: dict[int, list[tuple[int, torch.Tensor]]] = {}  # group -> (position, parameter) chosen
+        where = self._where()
+        for pid in chosen:
+            place = where.get(pid)
+            if place is not None:
+                members.setdefault(place[0], []).append(place[1:])
         saved = []
-        for group, values in zip(self.optimizer.param_groups, snapshot.groups):
+        for g, (group, values) in enumerate(zip(self.optimizer.param_groups, snapshot.groups)):
             saved.append((group["params"], {k: group[k] for k in values}))
-            group["params"] = [p for p in group["params"] if id(p) in chosen]
+            group["params"] = [p for _, p in sorted(members.get(g, ()), key=lambda m: m[0])]
             group.update(values)
         absent = object()
         scaling = {name: getattr(self.optimizer, name, absent) for name in snapshot.scaling}

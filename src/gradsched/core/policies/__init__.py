@@ -15,6 +15,11 @@ POLICIES: dict[str, type[PolicyConfig]] = {
 }
 
 
+def is_buckets(name: str) -> bool:
+    """Whether the policy named ``name`` is DDP's own buckets scheme (see ``PolicyConfig.is_buckets``)."""
+    return name in POLICIES and POLICIES[name].is_buckets
+
+
 def policy_config(name: str, **overrides: Any) -> PolicyConfig:
     """The default config of policy ``name``, with ``overrides`` applied (strings parsed).
 

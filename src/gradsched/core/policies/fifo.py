@@ -77,6 +77,7 @@ class FifoConfig(PolicyConfig):
     """DDP-style buckets, launched in order; the next forward waits for everything."""
 
     name: ClassVar[str] = "fifo"
+    is_buckets: ClassVar[bool] = True
     bucket_cap_bytes: int = 25 * MiB  # DDP's default bucket_cap_mb
     first_bucket_bytes: int = 1 * MiB  # DDP's smaller first bucket
 

@@ -2,14 +2,17 @@
 
 One lock (a condition variable) guards it, and every field has one writer:
 
-* ``ready_round``, ``grads``, ``produced``: the training thread, when it hands a gradient over
+* ``ready_round``, ``grads``, ``produced`` (:class:`gradsched.runtime.comm.streams.Produced`): the training thread, when it hands a gradient over
   (:meth:`gradsched.runtime.comm.exchange.Exchange.mark_ready`);
-* ``reduced_round``: the completion side (:mod:`gradsched.runtime.comm.completion`), once a
-  gradient's every slice is reduced *and its result written*: on CUDA once the device has
-  finished, not once the kernel was queued. A gradient that is not in flight
-  (``reduced_round >= ready_round``) may therefore be read or written by any thread on any
-  stream, with no further wait: this is the one ordering point between the reduction and
-  everything that consumes it (updates, zeroing, clipping, reads of ``param.grad``, close);
+* ``reduced_round``, ``result``: the completion side (:mod:`gradsched.runtime.comm.completion`),
+  once a gradient's every slice is reduced *and its result in place*: on CPU once written;
+  on CUDA once ordered behind ``result[i]``, an event on the completion's stream (the device
+  may still be running it). A gradient that is not in flight
+  (``reduced_round >= ready_round``) may be read or written by a stream that first waits for
+  its ``result`` event (:meth:`gradsched.runtime.comm.exchange.Exchange.order_after`): this is
+  the one ordering point between the reduction and everything that consumes it (updates,
+  zeroing, clipping, reads of ``param.grad``); the host waits for the device only where a
+  message must have *ended* (its credit, its time, close);
 * ``error``: whoever fails first; ``closed``: the exchange, when it closes.
 
 Readers wait on ``cond``; every writer notifies it.
@@ -35,7 +38,8 @@ class Board:
         self.ready_round = [0] * n  # last round in which the gradient was handed over
         self.reduced_round = [0] * n  # last round whose reduction of it is complete
         self.grads: list[torch.Tensor | None] = [None] * n
-        self.produced: list[Any] = [None] * n  # CUDA: an event on the stream that produced the gradient
+        self.produced: list[Any] = [None] * n  # CUDA: where the gradient was produced (streams.Produced)
+        self.result: list[Any] = [None] * n  # CUDA: the event its reduced value is ordered behind
         self.error: BaseException | None = None
         self.closed = False
         self.device = next((t.device for t in self.like if t.is_cuda), None)  # a CUDA device, or None (CPU)

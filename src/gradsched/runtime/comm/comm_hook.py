@@ -24,7 +24,8 @@ another tensor, as DDP copies it). The hook divides, as under DDP.
   pipeline as without a hook. Any other hook may issue collectives later, in callbacks of its
   futures (PowerSGD does) on the backend's threads, where two messages' collectives could be
   issued in a different order on different ranks: those run one message at a time (the
-  launcher waits for each hook's Future before the next message).
+  launcher waits for each hook's Future before the next message). A user's hook that issues
+  all its collectives inside the call says so with :func:`pipelined`, and pipelines too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ...core.plan import Plan
 from ..errors import GradschedError
+from ..torch_private import is_future
 from .plans import Adopted, PlanVersions
 from .transport import BaseTransport, MessageKey, Reduced
 
@@ -57,11 +59,23 @@ def _wrapped(hook: Callable) -> Callable | None:
     return inner[0] if len(inner) == 1 else None
 
 
+PIPELINED = "_gradsched_pipelined"  # the attribute pipelined() sets
+
+
+def pipelined(hook: Callable) -> Callable:
+    """Mark a communication hook as issuing all its collectives inside the call (none in its
+    futures' callbacks), so gradsched lets its messages pipeline as PyTorch's plain hooks do:
+    ``model.register_comm_hook(state, gradsched.pipelined(my_hook))``. Returns ``hook``."""
+    setattr(hook, PIPELINED, True)
+    return hook
+
+
 def synchronous(hook: Callable) -> bool:
     """Whether ``hook`` issues all its communication inside the call (PyTorch's plain hooks and
-    their compress wrappers): its messages may pipeline."""
+    their compress wrappers, or a hook marked :func:`pipelined`): its messages may pipeline."""
     inner = _wrapped(hook)
-    return hook in _SYNCHRONOUS or (inner is not None and synchronous(inner))
+    return (hook in _SYNCHRONOUS or getattr(hook, PIPELINED, False)
+            or (inner is not None and synchronous(inner)))
 
 
 def wire_dtype_of(hook: Callable) -> torch.dtype | None:
@@ -185,7 +199,7 @@ class HookTransport(BaseTransport):
             bucket = MessageBucket(self._indices[signature], last_message and j == len(dtypes) - 1, buffer,
                                    pieces_by_dtype[dtype])
             future = self.hook(self.state, bucket)
-            if not isinstance(future, (torch.futures.Future, torch._C.Future)):
+            if not is_future(future):
                 raise GradschedError(f"the communication hook returned {type(future).__name__}, not a "
                                      "torch.futures.Future (DDP's contract)")
             future = future.then(partial(_result, buffer))

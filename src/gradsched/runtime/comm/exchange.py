@@ -14,7 +14,6 @@ The exchange owns all of these, and is the training thread's only way to them.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Sequence, TypeVar
 
@@ -23,22 +22,24 @@ import torch
 from ...core.estimator import LinkEstimator
 from ...core.plan import Plan
 from ...core.task import TensorSpec
+from ..config import Environment
 from ..errors import GradschedError
+from ..torch_private import backward_running
 from .board import Board
 from .completion import completion_for
 from .launcher import Launcher
 from .layout import Layouts
 from .plans import PlanVersions
+from .streams import Produced, produced_here, wait_for
 from .transport import Transport
 
 T = TypeVar("T")
-ORDERED_COMPLETION = "GRADSCHED_ORDERED_COMPLETION"  # "1": the CUDA path's completion thread on CPU too (tests)
 
 
 def _in_backward() -> bool:
     """Whether this thread runs a backward pass (one may still hand gradients over: activation
     checkpointing re-runs forward passes, and their hooks wait, inside backward)."""
-    return torch._C._current_graph_task_id() != -1
+    return backward_running()
 
 
 class Exchange:
@@ -59,7 +60,7 @@ class Exchange:
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.exposure)
         self._layouts = Layouts(board.index, board.like, versions)
-        completion = completion_for(board.device, os.environ.get(ORDERED_COMPLETION) == "1")
+        completion = completion_for(board.device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()
 
@@ -91,14 +92,12 @@ class Exchange:
             return self._layouts.of(self.versions.for_round(round_index)).homes
 
     # -- the training thread ------------------------------------------------------------------
-    def mark_ready(self, i: int, grad: torch.Tensor, round_index: int) -> None:
+    def mark_ready(self, i: int, grad: torch.Tensor, round_index: int, produced: Produced | None = None) -> None:
         """Hand over gradient ``i`` of round ``round_index`` (in its home, if it has one). On
-        CUDA an event on the current stream marks where it was produced: the launcher's
-        stream waits for it before anything reads the gradient."""
-        produced = None
-        if grad.is_cuda:
-            produced = torch.cuda.Event()
-            produced.record(torch.cuda.current_stream(grad.device))
+        CUDA ``produced`` (else an event recorded now on the current stream) marks where it
+        was produced: the launcher's stream waits for it before anything reads the gradient."""
+        if produced is None and grad.is_cuda:
+            produced = produced_here(grad.device)
         board = self.board
         with board.cond:
             if board.in_flight(i):
@@ -111,12 +110,22 @@ class Exchange:
             board.ready_round[i] = round_index
             self.launcher.gradient_ready(round_index)
 
+    def order_after(self, indices: Sequence[int]) -> int:
+        """On CUDA: the current stream waits (on the device) for the reduced values of the
+        gradients ``indices`` that are not in flight; the waits queued (none on CPU)."""
+        board = self.board
+        if board.device is None:
+            return 0
+        with board.cond:
+            events = [board.result[i] for i in indices if not board.in_flight(i)]
+        return wait_for(board.device, events)
+
     def in_flight(self, i: int) -> bool:
         return self.board.in_flight(i)
 
     def wait_reduced(self, indices: Sequence[int], what: str = "parameters") -> None:
-        """Block until every gradient in ``indices`` handed over so far is reduced (complete:
-        on CUDA, the device has written it), so any stream may use it."""
+        """Block until every gradient in ``indices`` handed over so far is reduced (its result in
+        place: on CUDA, ordered behind an event that :meth:`order_after` makes a stream wait for)."""
         started = time.perf_counter()
         failure = self._wait_reduced(indices, what)
         self.waited_s += time.perf_counter() - started
@@ -154,6 +163,11 @@ class Exchange:
         been launched, before the next round's first (see :meth:`Launcher.between_rounds`)."""
         return self.launcher.between_rounds(run, self.timeout_s)
 
+    def after_launched(self, run: Callable[[], T]) -> Callable[[], T]:
+        """:meth:`between_rounds` without waiting: returns what waits for ``run``'s result."""
+        job = self.launcher.queue(run)
+        return lambda: self.launcher.outcome(job, self.timeout_s)
+
     # -- both threads -------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
         """Communication failed: every waiter raises from now on."""
@@ -173,7 +187,16 @@ class Exchange:
             board.cond.notify_all()
             self.launcher.wake()
         self.launcher.stop(wait and board.error is None)
+        self.release_buffers()
+
+    def release_buffers(self) -> None:
+        """Let go of the flat buffers of every plan and of the gradients handed over (the
+        hand-off to DDP's reducer: its buckets hold the gradients from now on; close). Nothing
+        may be in flight."""
+        board = self.board
         with board.cond:
             self._layouts.clear()
+            self.launcher.rounds.clear()  # the launcher waits for a round that will not begin
             board.grads = [None] * len(board.grads)
             board.produced = [None] * len(board.produced)
+            board.result = [None] * len(board.result)

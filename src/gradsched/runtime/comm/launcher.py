@@ -5,19 +5,22 @@ It walks the plan of each round in order, the plan-following rule of
 every rank issues the same operations in the same order: the order comes from the plan,
 never from local timing. A message travels in the range of the plan's flat buffer that
 holds its gradients when it has one (:mod:`gradsched.runtime.comm.layout`), else in buffers
-copied together per dtype. On CUDA the launcher's stream first waits for the streams that
-produced the message's gradients (an event recorded when each was handed over).
+copied together per dtype. On CUDA the thread runs under a stream of its own
+(:mod:`gradsched.runtime.comm.streams`), which first waits for the latest event of each
+stream that produced the message's gradients: the divisions, copies and casts of a message
+run there, never on the training stream.
 
 The transport's futures get the copies back chained onto them; the completion
 (:mod:`gradsched.runtime.comm.completion`) says when the message ended, and only then are
-its gradients marked reduced on the board, the credit it held freed and its time fed to the
-link estimate. Between rounds the thread also runs the few other operations that must
+its gradients marked reduced on the board once its results are in place (resolved), the
+credit it held freed and its time fed to the link estimate once it has ended (finished). Between rounds the thread also runs the few other operations that must
 travel on the data group (the link probe): :meth:`Launcher.between_rounds`. It sleeps on the
 board's lock and is woken only when what it waits for may have happened.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,9 +37,11 @@ from .board import Board
 from .completion import Completion
 from .layout import BufferLayout, Layouts
 from .plans import Adopted, PlanVersions
+from .streams import latest_per_stream, own_stream, wait_for
 from .transport import MessageKey, Transport
 
 T = TypeVar("T")
+logger = logging.getLogger("gradsched")
 
 
 @dataclass
@@ -57,6 +62,7 @@ class RoundState:
 @dataclass
 class _Job:
     run: Callable[[], Any]
+    before: int  # the round it runs before: the first not begun on this rank when it was queued
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -90,6 +96,7 @@ class Launcher:
         self._jobs: list[_Job] = []
         self._timer = CompletionTimer(estimator)
         self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
+        self.stream: Any = None  # the stream the thread runs under (None on CPU): the GPU check reads it
 
     def start(self) -> None:
         self._thread.start()
@@ -126,16 +133,24 @@ class Launcher:
         """Run ``run`` on this thread once every message of the rounds begun so far has been
         launched, before the next round's first: the same point of the data group's order on
         every rank, if every rank asks at the same point of its training."""
-        job = _Job(run)
+        return self.outcome(self.queue(run), timeout_s)
+
+    def queue(self, run: Callable[[], Any]) -> _Job:
+        """:meth:`between_rounds` without waiting: the job, for :meth:`outcome`."""
         with self.board.cond:
             if self.board.stopping:
                 raise GradschedError("gradient communication has stopped")
+            job = _Job(run, max(self.board.ready_round, default=0) + 1)
             self._jobs.append(job)
             self._wake.notify_all()
+        return job
+
+    def outcome(self, job: _Job, timeout_s: float) -> Any:
+        """Wait for a queued job; its result (raises what it raised)."""
         deadline = time.monotonic() + timeout_s
         while not job.done.wait(0.1):
             if self.board.error is not None or not self._thread.is_alive() or time.monotonic() > deadline:
-                raise GradschedError(f"the communication thread could not run {getattr(run, '__name__', run)}: "
+                raise GradschedError(f"the communication thread could not run {getattr(job.run, '__name__', job.run)}: "
                                      f"{self.board.error or 'it stopped or timed out'}")
         if job.error is not None:
             raise job.error
@@ -162,18 +177,18 @@ class Launcher:
     def _run(self) -> None:
         round_index = 1
         try:
-            if self.board.device is not None:  # collectives and copies of this thread go to that device
-                torch.cuda.set_device(self.board.device)
-            while True:
-                state = self._begin(round_index)
-                if state is None:
-                    return
-                while state.follower.next is not None:
-                    launch = self._await(state)
-                    if launch is None:
+            with own_stream(self.board.device) as self.stream:  # collectives and copies: that device, this stream
+                while True:
+                    state = self._begin(round_index)
+                    if state is None:
                         return
-                    self._launch(state, *launch)
-                round_index += 1
+                    while state.follower.next is not None:
+                        launch = self._await(state)
+                        if launch is None:
+                            return
+                        self._launch(state, *launch)
+                    state = launch = None  # nothing of a round launched stays alive here (its buffers)
+                    round_index += 1
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
             self.board.fail(exc)
         finally:
@@ -189,11 +204,15 @@ class Launcher:
         board = self.board
         with board.cond:
             # Choose the round's plan only once the round has begun here: a plan agreed at
-            # the control point of the previous round must be in place.
-            while not any(r >= round_index for r in board.ready_round):
+            # the control point of the previous round must be in place. A job runs before the
+            # first message of the round that had not begun here when it was queued (the
+            # training thread queues jobs and hands gradients over): the same point on every
+            # rank, however far behind this thread is.
+            while (self._jobs and self._jobs[0].before <= round_index) or not any(
+                    r >= round_index for r in board.ready_round):
                 if board.stopping:
                     return None
-                if self._jobs:
+                if self._jobs and self._jobs[0].before <= round_index:
                     job = self._jobs.pop(0)
                     board.cond.release()
                     try:
@@ -234,13 +253,12 @@ class Launcher:
             views = [] if fused is not None else [
                 board.grads[board.index[name]].view(-1)[offset : offset + numel]
                 for name, offset, numel in message.slices]
-            produced = [board.produced[board.index[name]] for name in dict.fromkeys(message.tensors)]
-            return k, message, views, fused, idle, [e for e in produced if e is not None]
+            produced = latest_per_stream(board.produced[board.index[name]] for name in dict.fromkeys(message.tensors))
+            return k, message, views, fused, idle, produced
 
     def _launch(self, state: RoundState, k: int, message: PlannedMessage, views: list[torch.Tensor],
                 fused: torch.Tensor | None, idle: bool, produced: list[Any]) -> None:
-        for event in produced:  # CUDA: what follows runs after the streams that wrote the gradients
-            torch.cuda.current_stream(self.board.device).wait_event(event)
+        wait_for(self.board.device, produced)  # CUDA: what follows runs after the streams that wrote the gradients
         copied: list[list[torch.Tensor]] | None = None  # per buffer, the gradient views it was made of
         if fused is not None:  # the gradients already live, in order, in the message's range
             buffers = [fused]
@@ -262,7 +280,17 @@ class Launcher:
             if self.on_event:
                 self.on_event("launch", round=state.index, message=k, nbytes=message.nbytes, at=launched_at,
                               names=message.tensors)
-        self.completion.track(futures, partial(self._finished, state, k, message, launched_at, idle))
+        self.completion.track(futures, partial(self._resolved, state, k),
+                              partial(self._finished, state, k, message, launched_at, idle))
+
+    def _resolved(self, state: RoundState, k: int, event: Any) -> None:
+        """Message ``k``'s results are in place behind ``event`` (None on CPU)."""
+        board = self.board
+        with board.cond:
+            for i in state.follower.resolve(k):
+                board.result[i] = event
+                board.reduced_round[i] = state.index
+            board.cond.notify_all()
 
     def _sent(self, state: RoundState, k: int) -> None:
         with self.board.cond:
@@ -273,13 +301,17 @@ class Launcher:
                   now: float, error: BaseException | None) -> None:
         board = self.board
         if error is not None:
+            if board.error is None and not board.closed:  # said at once: the training thread may be elsewhere
+                logger.error("gradsched: gradient communication failed in round %d (message %d): %s",
+                             state.index, k, error)
             board.fail(error)
             with board.cond:
                 self._wake.notify_all()
             return
         with board.cond:
             self._timer.finished(message.nbytes, launched_at, idle, now)
-            for i in state.follower.finish(k):
+            for i in state.follower.finish(k):  # none: resolved before
+                board.result[i] = None
                 board.reduced_round[i] = state.index
             state.futures.pop(k, None)
             if self.on_event:

@@ -31,7 +31,6 @@ stream.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from typing import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ...core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
+from ..config import Environment
 from .. import wire_format
 from ..errors import GradschedError
 from ..wire_format import PlanUpdate
@@ -51,7 +51,7 @@ MAX_DTYPES = 16
 STOP = (-1, 0)
 # a server sums and answers a chunk in pieces of about this size (tests cut small messages too,
 # with GRADSCHED_PS_PIECE_BYTES set alike on every rank)
-PIECE_BYTES = int(os.environ.get("GRADSCHED_PS_PIECE_BYTES", PS_PIECE_BYTES))
+PIECE_BYTES = Environment.read().ps_piece_bytes or PS_PIECE_BYTES
 MAX_PIECES = 64  # ... at most this many per chunk (larger pieces for larger chunks)
 
 

@@ -1,0 +1,110 @@
+"""DDP's buffer sync before a forward pass (BatchNorm statistics from one rank to every rank),
+issued on the data plane and waited for by the forward passes that read the buffers.
+
+With all-reduce the broadcast travels on gradsched's data group, the user's backend (NCCL on
+GPUs), issued by the launcher, the one thread that drives that communicator, at the point of
+its order every rank shares: after every message of the rounds begun so far, before the next
+round's first (:meth:`gradsched.runtime.comm.exchange.Exchange.after_launched`). Nothing
+waits for it at the start of the forward pass: the forward pre-hook of each module that owns
+buffers waits for the broadcast (on CUDA its stream waits, the host does not), and so do
+``synchronize()``, checkpoints and the next broadcast. The root's own buffers are waited for
+at once. On CUDA the launcher's stream first waits for the training stream's work so far (the
+previous forward pass wrote the statistics).
+
+With parameter servers the data group holds the servers too, so buffers travel on the
+workers' gloo group, at once (:func:`gradsched.runtime.broadcast.broadcast_flat`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .broadcast import broadcast_flat, buffers_of
+from .comm.exchange import Exchange
+from .comm.streams import record, wait_for
+from .errors import failing_rank
+
+WHAT = "broadcasting buffers"
+
+
+def _copy_back(members: Sequence[torch.Tensor], flat: torch.Tensor, future: torch.futures.Future) -> torch.Tensor:
+    future.value()  # raises if the broadcast failed
+    offset = 0
+    with torch.no_grad():
+        for t in members:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+    return flat
+
+
+def broadcast_async(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup,
+                    device: torch.device | None, after: object) -> list[torch.futures.Future]:
+    """On the launcher: rank ``source``'s values of ``tensors`` into every rank's, one broadcast
+    per dtype (as :func:`~gradsched.runtime.broadcast.broadcast_flat`), without waiting; the
+    futures complete once copied back. ``after``: the training stream's event (CUDA)."""
+    wait_for(device, [after])
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    futures = []
+    for dtype in sorted(by_dtype, key=str):
+        members = by_dtype[dtype]
+        flat = torch.cat([t.detach().reshape(-1) for t in members])
+        work = dist.broadcast(flat, group_src=source, group=group, async_op=True)
+        futures.append(work.get_future().then(partial(_copy_back, members, flat)))
+    return futures
+
+
+class BufferSync:
+    def __init__(self, model: nn.Module, exchange: Exchange, group: Callable[[], dist.ProcessGroup],
+                 on_data_plane: bool, explain: Callable[[], str]) -> None:
+        """``group``: the group buffers travel on (the data group with ``on_data_plane``, else
+        the workers' gloo group), asked for when they travel."""
+        self.model = model
+        self.exchange = exchange
+        self.group = group
+        self.on_data_plane = on_data_plane
+        self.explain = explain
+        self.tensors = buffers_of(model)
+        synced = {id(t) for t in self.tensors}
+        self.owners = {m for m in model.modules() if any(id(b) in synced for b in m.buffers(recurse=False))}
+        self.device = next((t.device for t in self.tensors if t.is_cuda), None)
+        self._pending: Callable[[], list[torch.futures.Future]] | None = None
+
+    def start(self, source: int) -> None:
+        """Copy rank ``source``'s buffers to every rank: under way once this returns."""
+        self.wait()
+        if not self.tensors:
+            return
+        if not self.on_data_plane:
+            broadcast_flat(self.tensors, source, self.group(), WHAT, self.explain)
+            return
+        issue = partial(broadcast_async, self.tensors, source, self.group(), self.device, record(self.device))
+        self._pending = self.exchange.after_launched(issue)
+        if self.model in self.owners:  # the root's forward reads its own right away
+            self.wait()
+
+    def before(self, module: nn.Module) -> None:
+        """``module``'s forward pass is about to run: its buffers must have arrived."""
+        if self._pending is not None and module in self.owners:
+            self.wait()
+
+    def wait(self) -> None:
+        """Until the latest broadcast has arrived (on CUDA: the current stream waits for it)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        with failing_rank(WHAT, self.explain):
+            for future in pending():
+                future.wait()
+
+    def close(self) -> None:
+        """Let go of the model and of what the coordinator gave (they refer back to it)."""
+        self._pending = None
+        self.model = self.exchange = self.group = self.explain = None
+        self.tensors, self.owners = [], set()

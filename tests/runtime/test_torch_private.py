@@ -1,0 +1,71 @@
+"""Each private PyTorch API gradsched uses (gradsched.runtime.torch_private) does, on the installed
+PyTorch, what gradsched relies on; on another minor version than the one the module was written
+for, the first test fails until the module has been read again against it."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.nn.parallel import DistributedDataParallel
+
+from gradsched.runtime import torch_private as tp
+
+
+def test_written_for_the_installed_pytorch():
+    assert torch.__version__.startswith(tp.WRITTEN_FOR + "."), (torch.__version__, tp.WRITTEN_FOR)
+
+
+def test_backward_running_and_what_it_will_reach():
+    used, unused = nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2))
+    seen = []
+
+    def hook(_):
+        seen.append((tp.backward_running(), tp.will_be_reached(get_gradient_edge(used).node),
+                     tp.will_be_reached(get_gradient_edge(unused).node)))
+
+    used.register_hook(hook)
+    unused.sum()  # a graph of its own: not part of the backward below
+    assert not tp.backward_running()
+    (used * 2).sum().backward(inputs=[used])
+    assert seen == [(True, True, False)]
+
+
+def test_subclass_operations_and_futures():
+    class Marked(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            with tp.plain_torch_function():
+                return func(*args, **(kwargs or {}))
+
+    out = torch.ones(2).as_subclass(Marked) + 1
+    assert type(out) is torch.Tensor and out.tolist() == [2.0, 2.0]
+    future = torch.futures.Future()
+    assert tp.is_future(future) and tp.is_future(torch.futures.collect_all([future])) and not tp.is_future(1)
+
+
+def test_ddps_ignored_names_and_input_mover():
+    model = nn.Linear(2, 2)
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["bias"])
+    assert tp.ddp_ignored(model) == {"bias"} and tp.ddp_ignored(nn.Linear(1, 1)) == set()
+    args, kwargs = tp.move_inputs((torch.ones(1), [torch.ones(1)]), {"k": {"t": torch.ones(1)}},
+                                  torch.device("meta"), False)
+    assert args[0].is_meta and args[1][0].is_meta and kwargs["k"]["t"].is_meta
+    assert tp.GRAD_SCALER_ATTRIBUTES == ("grad_scale", "found_inf")
+
+
+def test_the_default_store_and_ddps_forward_halves(world_of_one):
+    store = tp.default_store()
+    store.set("gradsched-test", "1")
+    assert store.get("gradsched-test") == b"1"
+    model = nn.Linear(2, 1)
+    ddp = DistributedDataParallel(model)
+    args, kwargs = tp.ddp_pre_forward(ddp, (torch.ones(3, 2),), {})
+    assert DistributedDataParallel._get_active_ddp_module() is ddp
+    out = tp.ddp_post_forward(ddp, model(*args, **kwargs))
+    assert DistributedDataParallel._get_active_ddp_module() is None
+    out.sum().backward()  # DDP's reducer, prepared by the pre-forward, reduces it
+    assert model.weight.grad is not None
+    del ddp
+    dist.barrier()
