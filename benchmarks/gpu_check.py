@@ -267,7 +267,7 @@ def _read_right_after_backward(model: nn.Module, x: torch.Tensor, device: torch.
 
 def _streams_row(model: Any, seen: list, device: torch.device) -> dict:
     """The launcher's and the completion's threads, and the hook calls, ran off the default stream."""
-    launcher = coordinator_of(model).exchange.launcher
+    launcher = coordinator_of(model).plane.exchange.launcher
     streams = [launcher.stream, *getattr(launcher.completion, "streams", [])]
     if device.type != "cuda":
         return row("reduction streams of the communication threads", None, "no streams on CPU")
@@ -443,8 +443,8 @@ def part_handoff(device: torch.device, quick: bool) -> list[dict]:
     flat: dict[int, tuple[weakref.ref, int]] = {}  # every flat buffer gradsched made, while it trains itself
 
     def look(step: int) -> None:
-        if co.reducer is None:
-            for layout in list(co.exchange._layouts._made.values()):
+        if co.backend is co.plane:  # gradsched's own plane still reduces
+            for layout in list(co.plane.exchange._layouts._made.values()):
                 for home in layout.homes.values():
                     base = home._base if home._base is not None else home
                     flat.setdefault(id(base), (weakref.ref(base), base.numel() * base.element_size()))

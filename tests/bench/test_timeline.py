@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gradsched.bench.timeline import timeline_runs
-from gradsched.runtime.tracing import RunTrace
+from gradsched.runtime.diagnostics.tracing import RunTrace
 
 pytest.importorskip("matplotlib")
 from gradsched.plot import plot_iteration_timelines, trace_iteration  # noqa: E402

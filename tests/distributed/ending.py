@@ -21,7 +21,7 @@ torch.manual_seed(0)
 model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(6)])
 model, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01), "bytescheduler")
 if "--without-exit-handler" in sys.argv:  # what gradsched did not do before: show the abort it prevents
-    handler = sys.modules["gradsched.runtime.wrap"]._close_at_exit
+    handler = sys.modules["gradsched.runtime.frontend.wrap"]._close_at_exit
     atexit.unregister(handler)
 for step in range(8):
     if rank == 1 and step == 7:

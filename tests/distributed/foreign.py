@@ -24,8 +24,8 @@ from launch import finish_with_report  # noqa: E402
 
 import gradsched  # noqa: E402
 from gradsched.core.plan import Plan, PlannedMessage  # noqa: E402
-from gradsched.runtime import wire_format  # noqa: E402
-from gradsched.runtime.wire_format import PlanUpdate, WireFormatError  # noqa: E402
+from gradsched.runtime.comm import wire_format  # noqa: E402
+from gradsched.runtime.comm.wire_format import PlanUpdate, WireFormatError  # noqa: E402
 
 out, marker = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gradsched.runtime import wire_format
+from gradsched.runtime.comm import wire_format
 from launch import run_ranks
 
 

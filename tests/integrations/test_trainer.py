@@ -28,5 +28,5 @@ def test_gradsched_trainer_equals_the_trainer_with_ddp(tmp_path):
         checkpoint = report["checkpoints"][policy]
         assert checkpoint["files"] == report["ddp_checkpoint"], policy
         assert checkpoint["diff"] <= TOLERANCE, policy
-        assert checkpoint["wrapped"] == "gradsched.runtime.ddp" and checkpoint["is_ddp"], policy  # ours, a DDP
+        assert checkpoint["wrapped"] == "gradsched.runtime.frontend.ddp" and checkpoint["is_ddp"], policy  # ours, a DDP
         assert report["rounds"][policy] == 6, policy  # 6 steps of 2 micro-steps: one communicating backward each

@@ -18,7 +18,7 @@ import os
 if os.environ.get("GRADSCHED_MUTANT") == "no-reduction":
     import torch
 
-    from gradsched.runtime import coordinator
+    from gradsched.runtime.training import coordinator
     from gradsched.runtime.comm import transport
 
     def _own(self, buffers):

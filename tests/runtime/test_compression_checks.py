@@ -37,7 +37,7 @@ def test_the_fallbacks_buckets_are_ddps_counted_in_wire_bytes(world_of_one, comp
     """DDP caps buckets in float32 gradient bytes, also with a compression hook; the plans
     count wire bytes, so compressed the fallback's caps are halved (the same tensors per bucket)."""
     model = gradsched.DistributedDataParallel(nn.Linear(4, 4), compression=compression, bucket_cap_mb=3)
-    buckets = model._binder.coordinator.planner._buckets()
+    buckets = model._binder.coordinator.planner.predictor.buckets()
     assert (buckets.bucket_cap_bytes, buckets.first_bucket_bytes) == (cap, cap // 3)
     model.close()
 
@@ -63,7 +63,7 @@ def test_the_probe_measures_the_wire_dtype_and_the_casts(world_of_one, monkeypat
     """The prediction of a compressed run needs the rate of all-reducing the wire dtype and
     what casting to it and back costs (measured on a real tensor; a cast of 1 MiB cannot be free)."""
     import torch.distributed as dist
-    from gradsched.runtime.probe import cast_cost, probe_link
+    from gradsched.runtime.planning.probe import cast_cost, probe_link
 
     reduced = []  # (elements, dtype) of every all-reduce the probe runs (they still run)
     real = dist.all_reduce

@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import gradsched
 from gradsched.runtime import GradschedError
-from gradsched.runtime.inflight import InFlightGrad
+from gradsched.runtime.training.inflight import InFlightGrad
 
 from test_single_rank import SMALL, batches, net
 

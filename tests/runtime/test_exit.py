@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gradsched
-from gradsched.runtime import topology
+from gradsched.runtime.comm import topology
 
 
 def test_the_groups_gradsched_made_are_destroyed_and_the_default_one_kept(world_of_one):
@@ -58,7 +58,7 @@ def test_a_wrap_that_fails_half_way_leaves_no_hooks_or_threads(world_of_one, mon
     collectives would still be running at exit."""
     import threading
 
-    from gradsched.runtime import coordinator
+    from gradsched.runtime.training import plane
 
     def broken(*args, **kwargs):
         raise RuntimeError("no planner today")
@@ -66,7 +66,7 @@ def test_a_wrap_that_fails_half_way_leaves_no_hooks_or_threads(world_of_one, mon
     model = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = {t.name for t in threading.enumerate()}
-    monkeypatch.setattr(coordinator, "Planner", broken)
+    monkeypatch.setattr(plane, "Planner", broken)
     try:
         gradsched.wrap(model, optimizer, "prophet")
     except RuntimeError as exc:

@@ -1,7 +1,7 @@
-"""What a failing rank says about the others (gradsched.runtime.peer_status.describe): the
+"""What a failing rank says about the others (gradsched.runtime.diagnostics.peer_status.describe): the
 diagnosis of uneven inputs only where a rank is behind and has stopped."""
 
-from gradsched.runtime.peer_status import Status, describe
+from gradsched.runtime.diagnostics.peer_status import Status, describe
 
 UNEVEN = "stopped after fewer backward passes than this rank"
 

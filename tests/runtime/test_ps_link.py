@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gradsched.core.estimator import CompletionTimer, LinkEstimator
-from gradsched.runtime.planning import push_pull_link
+from gradsched.runtime.planning.prediction import push_pull_link
 from gradsched.sim.network import PushPull
 
 LATENCY, PER_BYTE, OVERHEAD = 2e-4, 8e-9, 1e-4  # one direction: 125 MB/s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gradsched.runtime.updates import DeferredUpdates
+from gradsched.runtime.training.updates import DeferredUpdates
 
 
 def _fused(param: torch.Tensor) -> torch.optim.Optimizer:

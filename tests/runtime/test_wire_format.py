@@ -11,9 +11,9 @@ import pytest
 
 from gradsched.control.arms import TrialReport, TuningReport
 from gradsched.core.plan import Plan, PlannedMessage
-from gradsched.runtime import wire_format
-from gradsched.runtime.stats import Prediction
-from gradsched.runtime.wire_format import PlanUpdate, Proposal, RankChecks, WireFormatError, decode, encode
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.diagnostics.stats import Prediction
+from gradsched.runtime.comm.wire_format import PlanUpdate, Proposal, RankChecks, WireFormatError, decode, encode
 
 PLAN = Plan("bytescheduler", True, (
     PlannedMessage((("b.w", 0, 10), ("b.b", 0, 2)), 48, "b.w", None, 0.0, 1.5),

@@ -1,5 +1,5 @@
 """A trace of DDP's own iterations in the bench, in the format of gradsched's run traces
-(:mod:`gradsched.runtime.tracing`): its forward passes, when each gradient was accumulated,
+(:mod:`gradsched.runtime.diagnostics.tracing`): its forward passes, when each gradient was accumulated,
 and each bucket's all-reduce from launch to result (a communication hook that times
 PyTorch's own all-reduce hook). Timelines of DDP and of a policy can then be drawn on one
 axis (:func:`gradsched.plot.plot_iteration_timelines`)."""
@@ -12,7 +12,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..runtime.tracing import RunTrace
+from gradsched.runtime.diagnostics.tracing import RunTrace
 
 
 class DdpTracer:

@@ -1,4 +1,12 @@
-"""How a benchmark rank reports to the runner: lines of JSON after this marker on stdout."""
+"""How the runner and a benchmark rank talk: what every rank is told to run (a
+:class:`WorkerConfig`, the worker's one argument), and how a rank reports (lines of JSON after
+this marker on stdout)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
 
 MARK = "@@gradsched-bench "
 
@@ -7,3 +15,60 @@ COMPUTE_ONLY = "compute only"
 COMM_ONLY = "communication only"
 COMM_WIRE = "communication only, compressed"  # the same bytes' buckets in the wire dtype (--compression)
 SERVERS_ONLY = "communication only through the servers"
+
+
+# -- what the runner tells every rank (the worker's one argument) ----------------------------------
+
+CLIP, AUTOTUNE = "clip", "autotune"  # the variants of a run, after a "+" in its name
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: a policy (or a DDP baseline), and its variant, as its row is named."""
+
+    policy: str  # "ddp", "ddp-bf16", or a gradsched policy
+    clip: float = 0.0  # > 0: clip gradients to this global norm ("+clip")
+    autotune_trials: int = 0  # > 0: tuned online with this many candidates ("+autotune")
+
+    @property
+    def name(self) -> str:
+        return self.policy + (f"+{CLIP}" if self.clip else f"+{AUTOTUNE}" if self.autotune_trials else "")
+
+    @property
+    def is_ddp(self) -> bool:
+        return self.policy.startswith("ddp")
+
+    @classmethod
+    def named(cls, name: str, clip: float = 0.0, autotune_trials: int = 0) -> Run:
+        """The run a row is named for: ``name`` is ``policy``, ``policy+clip`` or ``policy+autotune``."""
+        policy, _, variant = name.partition("+")
+        if variant not in ("", CLIP, AUTOTUNE):
+            raise ValueError(f"unknown run variant {variant!r} in {name!r}")
+        return cls(policy, clip if variant == CLIP else 0.0, autotune_trials if variant == AUTOTUNE else 0)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: str
+    batch: int
+    device: str
+    iters: int
+    warmup: int
+    runs: tuple[Run, ...]
+    profile_rounds: int
+    fallback: bool
+    options: dict[str, dict] = field(default_factory=dict)  # policy -> its options
+    arch: str = "allreduce"
+    servers: int = 0  # parameter servers (the last ranks), with arch "ps"
+    compression: str | None = None
+    dilation: float = 1.0
+    trace_dir: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        data = json.loads(text)
+        data["runs"] = tuple(Run(**run) for run in data["runs"])
+        return cls(**data)

@@ -12,7 +12,6 @@ models, the simulator's prediction for the same setting on the measured link.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import threading
@@ -29,7 +28,7 @@ from .dilation import (AUTO_CPU_SHARE, AUTO_RAISES, AUTO_RUN_SHARE, auto_dilatio
                        undilate)
 from .netns import JUMBO_MTU, EmulatedCluster, available
 from .processes import Processes, free_port, read_result, starts
-from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY
+from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run, WorkerConfig
 from .workloads import workload
 
 BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16")  # the last two: DDP with a compression hook
@@ -177,14 +176,14 @@ class Setting:
 
 def _payload(config: BenchConfig, runs: Sequence[str] | None, iters: int | None) -> str:
     """What every rank is told to run (the worker's one argument)."""
-    return json.dumps({
-        "model": config.model, "batch": config.batch, "device": config.device, "iters": iters or config.iters,
-        "warmup": config.warmup, "policies": config.runs if runs is None else list(runs), "trace_dir": config.trace_dir,
-        "profile_rounds": config.profile_rounds, "fallback": config.fallback,
-        "options": {p: config.policy_options(p) for p in config.policies if p not in BASELINES},
-        "arch": config.arch, "servers": config.servers, "autotune_trials": config.autotune_trials,
-        "clip": config.clip, "compression": config.compression, "dilation": config.dilation,
-    })
+    names = config.runs if runs is None else list(runs)
+    return WorkerConfig(
+        model=config.model, batch=config.batch, device=config.device, iters=iters or config.iters,
+        warmup=config.warmup, runs=tuple(Run.named(n, config.clip, config.autotune_trials) for n in names),
+        profile_rounds=config.profile_rounds, fallback=config.fallback,
+        options={p: config.policy_options(p) for p in config.policies if p not in BASELINES},
+        arch=config.arch, servers=config.servers if config.arch == "ps" else 0, compression=config.compression,
+        dilation=float(config.dilation), trace_dir=config.trace_dir).to_json()
 
 
 def _launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
@@ -262,9 +261,10 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             "host_cpu_busy": host_cpu.get(policy),
             **{k: v for k, v in result.items() if k != "times"},
         }
-        base, _, variant = policy.partition("+")
+        run = Run.named(policy)
+        base = run.policy
         # predict what actually ran (the simulator does not model clipping's wait for every reduction)
-        if work.table is not None and base not in BASELINES and variant != "clip":
+        if work.table is not None and base not in BASELINES and not run.clip:
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset
@@ -278,7 +278,7 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
 def _ran(config: BenchConfig, policy: str, result: dict, wire_ratio: float) -> PolicyConfig:
     """The policy configuration the run ended on (the fallback's buckets after losing its
     trial: DDP's, with caps scaled to wire bytes; tuned options)."""
-    base = policy.partition("+")[0]
+    base = Run.named(policy).policy
     ran = result.get("plan") or base
     if is_buckets(ran) and not is_buckets(base):
         return FifoConfig.ddp_buckets(wire_ratio=wire_ratio)

@@ -28,12 +28,12 @@ import gradsched.runtime  # noqa: F401 - loaded at start, not mid-run
 from gradsched.core.policies.fifo import assign_buckets
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.comm.plans import tensor_specs
-from gradsched.runtime.probe import cast_cost, probe_link
+from gradsched.runtime.planning.probe import cast_cost, probe_link
 from gradsched.runtime.comm.ps import cut, message_tag
 
 from .ddp_trace import DdpTracer
 from .host import HostCpu
-from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY
+from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
 from .workloads import workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
@@ -66,7 +66,7 @@ def _ddp(model, bucket_cap_mb: float, policy: str) -> DDP:
     """DDP, with a compression hook for ddp-bf16/ddp-fp16: PyTorch's own where it runs
     (bf16_compress_hook needs CUDA and NCCL), gradsched's equivalent otherwise."""
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
-    wire = policy.partition("+")[0].removeprefix("ddp-")
+    wire = policy.removeprefix("ddp-")
     if wire in ("bf16", "fp16"):
         cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
         hook = {"fp16": default_hooks.fp16_compress_hook,
@@ -78,17 +78,17 @@ def _ddp(model, bucket_cap_mb: float, policy: str) -> DDP:
 class _Rank:
     """One rank's measurements, each on a freshly built, identically seeded model."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.servers = config.get("servers", 0) if config.get("arch") == "ps" else 0
+        self.servers = config.servers
         self.workers = world - self.servers
         self.group = dist.new_group(list(range(self.workers))) if self.servers else None  # every rank creates it
-        self.work = workload(config["model"], config["batch"], config["device"], float(config.get("dilation", 1.0)))
+        self.work = workload(config.model, config.batch, config.device, config.dilation)
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
-        self.iters, self.warmup = config["iters"], config["warmup"]
-        self.phases = len(config["policies"]) + (3 if self.servers else 2)  # the policies, then the baselines
+        self.iters, self.warmup = config.iters, config.warmup
+        self.phases = len(config.runs) + (3 if self.servers else 2)  # the runs, then the baselines
         self.cpu: dict[str, float | None] = {}  # phase -> the host's CPU busy fraction over its timed steps
 
     def _timed(self, phase: str, step, iters: int, warmup: int, group=None) -> list[float]:
@@ -113,47 +113,47 @@ class _Rank:
         model = self.work.build()
         return model, self.work.optimizer(model)
 
-    def step(self, model, opt, policy: str = ""):
-        clip = self.config.get("clip", 0.0) if policy.endswith("+clip") else 0.0
-        return _stepper(model, opt, self.load, self.work.loss, clip)
+    def step(self, model, opt, run: Run | None = None):
+        return _stepper(model, opt, self.load, self.work.loss, run.clip if run is not None else 0.0)
 
-    def ddp(self, policy: str) -> dict:
+    def ddp(self, run: Run) -> dict:
         """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured."""
-        caps = DDP_TUNED_CAPS_MB if policy == "ddp-tuned" else (25,)
+        name = run.name
+        caps = DDP_TUNED_CAPS_MB if run.policy == "ddp-tuned" else (25,)
         best = None
         for cap in caps:
             model, opt = self.fresh()
-            ddp = _ddp(model, cap, policy)
+            ddp = _ddp(model, cap, run.policy)
             # traced where asked: plain DDP only (a compression hook is its own hook)
-            tracer = DdpTracer(ddp, self.rank) if self.config.get("trace_dir") and policy == "ddp" else None
-            times = self._timed(policy, self.step(ddp, opt, policy),
+            tracer = DdpTracer(ddp, self.rank) if self.config.trace_dir and name == "ddp" else None
+            times = self._timed(name, self.step(ddp, opt, run),
                                 self.iters if len(caps) == 1 else max(3, self.iters // 3), self.warmup)
             if tracer is not None:
-                tracer.save(f"{self.config['trace_dir']}/{policy}.json")
+                tracer.save(f"{self.config.trace_dir}/{name}.json")
             if best is None or statistics.median(times) < best[0]:
                 best = (statistics.median(times), cap, times)
         if len(caps) > 1:  # re-measure the winner over the full count
             model, opt = self.fresh()
-            best = (0.0, best[1], self._timed(policy, self.step(_ddp(model, best[1], policy), opt), self.iters, 1))
+            best = (0.0, best[1], self._timed(name, self.step(_ddp(model, best[1], run.policy), opt, run),
+                                              self.iters, 1))
         return {"times": best[2], "bucket_cap_mb": best[1]}
 
-    def gradsched(self, policy: str) -> dict | None:
+    def gradsched(self, run: Run) -> dict | None:
         """A gradsched policy (None on a parameter server, which only served it)."""
         config = self.config
         model, opt = self.fresh()
-        base, _, variant = policy.partition("+")
-        tune = config.get("autotune_trials", 0) if variant == "autotune" else 0
-        trace = f"{config['trace_dir']}/{policy}.json" if config.get("trace_dir") else None
+        base, tune = run.policy, run.autotune_trials
+        trace = f"{config.trace_dir}/{run.name}.json" if config.trace_dir else None
         ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else {}
-        model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config["profile_rounds"],
-                                    compression=config.get("compression"),
-                                    fallback=config["fallback"], trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
-                                    autotune_trials=max(tune, 2), policy_options=config["options"].get(base), **ps)
+        model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config.profile_rounds,
+                                    compression=config.compression,
+                                    fallback=config.fallback, trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
+                                    autotune_trials=max(tune, 2), policy_options=config.options.get(base), **ps)
         if opt is None:
             return None
         # untimed: profiling and the measured arms (the buckets, tuner candidates; see
         # gradsched.control), then one round on the chosen plan
-        times = self._timed(policy, self.step(model, opt, policy), self.iters, self.warmup + opt.stats.settled_round,
+        times = self._timed(run.name, self.step(model, opt, run), self.iters, self.warmup + opt.stats.settled_round,
                             self.group)
         stats = opt.stats.as_dict()
         opt.close()
@@ -178,7 +178,7 @@ class _Rank:
 
         Through servers the gradients travel in about 32 messages: one 25 MiB bucket would
         be pushed whole before any of it could be pulled, and time a one-way trip twice."""
-        count, phases = len(self.config["policies"]), self.phases
+        count, phases = len(self.config.runs), self.phases
         sizes, gradient_bytes = self._buckets()
         comm_iters = max(3, self.iters // 2)
         figures = {}
@@ -191,7 +191,7 @@ class _Rank:
                 return None
         emit("progress", policy=COMM_ONLY, index=phases - 2, total=phases)
         comm = self._timed(COMM_ONLY, self._all_reduce([torch.zeros(n) for n in sizes]), comm_iters, 2, self.group)
-        wire = wire_dtype(self.config.get("compression"))
+        wire = wire_dtype(self.config.compression)
         if wire is not None:  # what the compressed runs' messages cost: the wire dtype's rate, and the casts
             buckets = [torch.zeros(n, dtype=wire) for n in sizes]
             figures["comm_wire"] = self._timed(COMM_WIRE, self._all_reduce(buckets), comm_iters, 2, self.group)
@@ -254,15 +254,15 @@ class _Rank:
         return serve
 
 
-def run(config: dict) -> None:
+def run(config: WorkerConfig) -> None:
     dist.init_process_group("gloo")
     rank = _Rank(config)
     results: dict[str, dict] = {}
-    for k, policy in enumerate(config["policies"]):
-        emit("progress", policy=policy, index=k, total=rank.phases)
-        result = rank.ddp(policy) if policy.partition("+")[0].startswith("ddp") else rank.gradsched(policy)
+    for k, one in enumerate(config.runs):
+        emit("progress", policy=one.name, index=k, total=rank.phases)
+        result = rank.ddp(one) if one.is_ddp else rank.gradsched(one)
         if result is not None:
-            results[policy] = result
+            results[one.name] = result
     baselines = rank.baselines()  # the servers take part in communication only
     if baselines is not None:
         emit("result", policies=results, **baselines)
@@ -270,7 +270,7 @@ def run(config: dict) -> None:
 
 
 if __name__ == "__main__":
-    run(json.loads(sys.argv[1]))
+    run(WorkerConfig.from_json(sys.argv[1]))
     # Leave without the interpreter's shutdown: gloo's teardown there aborts the process now
     # and then ("terminate called without an active exception"), even after every process
     # group was destroyed and with no gradsched object alive, which would fail a run whose

@@ -36,7 +36,7 @@ require("accelerate", "accelerate")
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 
-from ..runtime.ddp import DistributedDataParallel  # noqa: E402
+from gradsched.runtime.frontend.ddp import DistributedDataParallel  # noqa: E402
 
 
 def prepare(accelerator: Accelerator, *objects: Any, policy: str | None = None,

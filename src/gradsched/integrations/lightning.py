@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry  # noqa: E402
 
-from ..runtime.ddp import DistributedDataParallel  # noqa: E402
+from gradsched.runtime.frontend.ddp import DistributedDataParallel  # noqa: E402
 
 
 class GradschedStrategy(DDPStrategy):

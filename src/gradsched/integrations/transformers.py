@@ -29,7 +29,7 @@ require("transformers", "accelerate")
 require("accelerate", "accelerate")
 from transformers import Trainer  # noqa: E402
 
-from ..runtime.ddp import DistributedDataParallel  # noqa: E402
+from gradsched.runtime.frontend.ddp import DistributedDataParallel  # noqa: E402
 from .accelerate import GradschedAccelerator  # noqa: E402
 
 

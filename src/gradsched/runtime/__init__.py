@@ -1,11 +1,11 @@
 """The PyTorch runtime: ``gradsched.wrap`` over torch.distributed all-reduce or parameter servers."""
 
-from .comm.comm_hook import pipelined
-from .config import RuntimeConfig
-from .ddp import DistributedDataParallel
-from .errors import GradschedError
-from .optimizer import ScheduledOptimizer
-from .stats import Prediction, RunStats
-from .wrap import wrap
+from gradsched.runtime.comm.comm_hook import pipelined
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.frontend.ddp import DistributedDataParallel
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
+from gradsched.runtime.diagnostics.stats import Prediction, RunStats
+from gradsched.runtime.frontend.wrap import wrap
 
 __all__ = ["DistributedDataParallel", "GradschedError", "Prediction", "RunStats", "RuntimeConfig", "ScheduledOptimizer", "pipelined", "wrap"]

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import entry
+from gradsched.runtime.errors import entry
 
 
 @dataclass(frozen=True)

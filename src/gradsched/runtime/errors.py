@@ -31,7 +31,7 @@ class GradschedError(RuntimeError):
 @contextmanager
 def failing_rank(what: str, explain: Callable[[], str] | None = None) -> Iterator[None]:
     """Report a collective that failed because a peer died or hung as a GradschedError,
-    with what ``explain`` adds (the other ranks' progress, :mod:`gradsched.runtime.peer_status`)."""
+    with what ``explain`` adds (the other ranks' progress, :mod:`gradsched.runtime.diagnostics.peer_status`)."""
     try:
         yield
     except GradschedError:

@@ -16,7 +16,7 @@ WRITTEN_FOR = "2.13"
 
 #: what ``torch.amp.GradScaler`` sets on a fused optimizer (``fused=True``) for the length of its
 #: ``step()`` only, so that the optimizer unscales in its own kernel and skips an overflow:
-#: deferred updates keep them (gradsched.runtime.updates)
+#: deferred updates keep them (gradsched.runtime.training.updates)
 GRAD_SCALER_ATTRIBUTES = ("grad_scale", "found_inf")
 
 
@@ -73,7 +73,7 @@ def move_inputs(args: tuple, kwargs: dict, device: torch.device, side_stream: bo
 def ddp_pre_forward(ddp: DistributedDataParallel, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """What DDP's ``forward`` does before the module's (prepare the reducer, sync buffers, join),
     run from a forward pre-hook of the user's module, as ``torch.distributed._composable.replicate``
-    runs it: after a hand-off the user's module keeps its class (gradsched.runtime.handoff)."""
+    runs it: after a hand-off the user's module keeps its class (gradsched.runtime.training.handoff)."""
     DistributedDataParallel._active_ddp_module = ddp
     return ddp._pre_forward(*args, **kwargs)
 

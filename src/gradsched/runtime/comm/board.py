@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ...core.task import TensorSpec
+from gradsched.core.task import TensorSpec
 
 
 class Board:

@@ -38,11 +38,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ...core.plan import Plan
-from ..errors import GradschedError
-from ..torch_private import is_future
-from .plans import Adopted, PlanVersions
-from .transport import BaseTransport, MessageKey, Reduced
+from gradsched.core.plan import Plan
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.torch_private import is_future
+from gradsched.runtime.comm.plans import Adopted, PlanVersions
+from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
 
 logger = logging.getLogger("gradsched")
 

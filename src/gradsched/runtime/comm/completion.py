@@ -36,8 +36,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from ..errors import GradschedError
-from .streams import own_stream
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.comm.streams import own_stream
 
 Futures = Sequence[torch.futures.Future]
 Resolved = Callable[[Any], None]  # a message's results are in place, behind this event (None on CPU)

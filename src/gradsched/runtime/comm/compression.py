@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import GradschedError, entry
-from .transport import MessageKey, Reduced, Transport, BaseTransport
+from gradsched.runtime.errors import GradschedError, entry
+from gradsched.runtime.comm.transport import MessageKey, Reduced, Transport, BaseTransport
 
 WIRE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

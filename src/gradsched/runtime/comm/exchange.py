@@ -19,19 +19,19 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from ...core.estimator import LinkEstimator
-from ...core.plan import Plan
-from ...core.task import TensorSpec
-from ..config import Environment
-from ..errors import GradschedError
-from ..torch_private import backward_running
-from .board import Board
-from .completion import completion_for
-from .launcher import Launcher
-from .layout import Layouts
-from .plans import PlanVersions
-from .streams import Produced, produced_here, wait_for
-from .transport import Transport
+from gradsched.core.estimator import LinkEstimator
+from gradsched.core.plan import Plan
+from gradsched.core.task import TensorSpec
+from gradsched.runtime.config import Environment
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.torch_private import backward_running
+from gradsched.runtime.comm.board import Board
+from gradsched.runtime.comm.completion import completion_for
+from gradsched.runtime.comm.launcher import Launcher
+from gradsched.runtime.comm.layout import Layouts
+from gradsched.runtime.comm.plans import PlanVersions
+from gradsched.runtime.comm.streams import Produced, produced_here, wait_for
+from gradsched.runtime.comm.transport import Transport
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ class Exchange:
         self.timeout_s = timeout_s
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
-        self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.exposure)
+        self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
         self._layouts = Layouts(board.index, board.like, versions)
         completion = completion_for(board.device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)

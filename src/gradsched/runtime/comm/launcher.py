@@ -29,16 +29,17 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from ...core.estimator import CompletionTimer, LinkEstimator
-from ...core.following import RoundFollower
-from ...core.plan import Plan, PlannedMessage
-from ..errors import GradschedError
-from .board import Board
-from .completion import Completion
-from .layout import BufferLayout, Layouts
-from .plans import Adopted, PlanVersions
-from .streams import latest_per_stream, own_stream, wait_for
-from .transport import MessageKey, Transport
+from gradsched.core.estimator import CompletionTimer, LinkEstimator
+from gradsched.core.following import RoundFollower
+from gradsched.core.plan import Plan, PlannedMessage
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.comm.board import Board
+from gradsched.runtime.comm.completion import Completion
+from gradsched.runtime.comm.jobs import Job, Jobs
+from gradsched.runtime.comm.layout import BufferLayout, Layouts
+from gradsched.runtime.comm.plans import Adopted, PlanVersions
+from gradsched.runtime.comm.streams import latest_per_stream, own_stream, wait_for
+from gradsched.runtime.comm.transport import MessageKey, Transport
 
 T = TypeVar("T")
 logger = logging.getLogger("gradsched")
@@ -57,15 +58,6 @@ class RoundState:
     @property
     def plan(self) -> Plan:
         return self.adopted.plan
-
-
-@dataclass
-class _Job:
-    run: Callable[[], Any]
-    before: int  # the round it runs before: the first not begun on this rank when it was queued
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
-    error: BaseException | None = None
 
 
 _ANY_ROUND = "any round"  # what the launcher waits for between rounds
@@ -93,7 +85,7 @@ class Launcher:
         self.rounds: dict[int, RoundState] = {}
         self._wake = threading.Condition(board.cond)  # the launcher sleeps here, on the board's lock
         self._waiting: object = None  # _ANY_ROUND, or the RoundState whose next message it waits to launch
-        self._jobs: list[_Job] = []
+        self._jobs = Jobs()  # run between rounds (gradsched.runtime.comm.jobs)
         self._timer = CompletionTimer(estimator)
         self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
         self.stream: Any = None  # the stream the thread runs under (None on CPU): the GPU check reads it
@@ -135,26 +127,18 @@ class Launcher:
         every rank, if every rank asks at the same point of its training."""
         return self.outcome(self.queue(run), timeout_s)
 
-    def queue(self, run: Callable[[], Any]) -> _Job:
+    def queue(self, run: Callable[[], Any]) -> Job:
         """:meth:`between_rounds` without waiting: the job, for :meth:`outcome`."""
         with self.board.cond:
             if self.board.stopping:
                 raise GradschedError("gradient communication has stopped")
-            job = _Job(run, max(self.board.ready_round, default=0) + 1)
-            self._jobs.append(job)
+            job = self._jobs.add(run, max(self.board.ready_round, default=0))
             self._wake.notify_all()
         return job
 
-    def outcome(self, job: _Job, timeout_s: float) -> Any:
+    def outcome(self, job: Job, timeout_s: float) -> Any:
         """Wait for a queued job; its result (raises what it raised)."""
-        deadline = time.monotonic() + timeout_s
-        while not job.done.wait(0.1):
-            if self.board.error is not None or not self._thread.is_alive() or time.monotonic() > deadline:
-                raise GradschedError(f"the communication thread could not run {getattr(job.run, '__name__', job.run)}: "
-                                     f"{self.board.error or 'it stopped or timed out'}")
-        if job.error is not None:
-            raise job.error
-        return job.result
+        return job.outcome(timeout_s, lambda: self.board.error or (None if self._thread.is_alive() else "it stopped"))
 
     def stop(self, wait: bool) -> None:
         """End the thread; with ``wait``, wait for what is in flight; close the transport."""
@@ -192,9 +176,8 @@ class Launcher:
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
             self.board.fail(exc)
         finally:
-            for job in self._jobs:
-                job.error = job.error or GradschedError("gradient communication has stopped")
-                job.done.set()
+            with self.board.cond:
+                self._jobs.fail_all()
 
     def _ready(self, round_index: int, i: int) -> bool:
         return self.board.ready(i, round_index)
@@ -208,17 +191,14 @@ class Launcher:
             # first message of the round that had not begun here when it was queued (the
             # training thread queues jobs and hands gradients over): the same point on every
             # rank, however far behind this thread is.
-            while (self._jobs and self._jobs[0].before <= round_index) or not any(
-                    r >= round_index for r in board.ready_round):
+            while self._jobs.waiting(round_index) or not any(r >= round_index for r in board.ready_round):
                 if board.stopping:
                     return None
-                if self._jobs and self._jobs[0].before <= round_index:
-                    job = self._jobs.pop(0)
+                job = self._jobs.due(round_index)
+                if job is not None:
                     board.cond.release()
                     try:
-                        job.result = job.run()
-                    except BaseException as exc:  # noqa: BLE001 - raised on the thread that asked
-                        job.error = exc
+                        job.execute()
                     finally:
                         board.cond.acquire()
                         job.done.set()

@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ...core.plan import Plan
-from .plans import Adopted, PlanVersions
+from gradsched.core.plan import Plan
+from gradsched.runtime.comm.plans import Adopted, PlanVersions
 
 BufferKey = tuple[torch.dtype, torch.device]
 

@@ -1,6 +1,6 @@
 """The plans a rank has adopted, each from the round it takes effect in.
 
-Plans are agreed at control points (:mod:`gradsched.runtime.planning`) and take effect
+Plans are agreed at control points (:mod:`gradsched.runtime.planning.planner`) and take effect
 from a later round, while the launcher may still be sending an earlier round: so a rank
 holds several. Each adopted plan has a *version*, its number in adoption order (the same on
 every rank), which is how parameter servers are told which plan a round follows.
@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ...core.plan import Plan
-from ...core.task import TensorSpec
+from gradsched.core.plan import Plan
+from gradsched.core.task import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Parameter-server architecture: how messages are spread over servers, the wire format, and
 the worker's side (push a message to the servers, pull the sum back).
 
-Roles (assigned in :mod:`gradsched.runtime.topology`). A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
+Roles (assigned in :mod:`gradsched.runtime.comm.topology`). A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
 ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
 ``gradsched.wrap`` on a server rank runs the server loop and exits the process when the
 workers finish (see :mod:`gradsched.runtime.comm.server`).
@@ -24,7 +24,7 @@ Rounds. With the first message of each round a worker sends every server a heade
 ``(round, plan version)``; the servers answer a round only once every worker announced it, with the same
 plan, so a server never mixes rounds. A header of ``(-1, 0)`` says the worker is done.
 
-Plans travel to servers in gradsched's wire format (:mod:`gradsched.runtime.wire_format`: a
+Plans travel to servers in gradsched's wire format (:mod:`gradsched.runtime.comm.wire_format`: a
 size, then the message; nothing is unpickled) on a separate gloo group; a size of 0 ends the
 stream.
 """
@@ -38,20 +38,20 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from ...core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
-from ..config import Environment
-from .. import wire_format
-from ..errors import GradschedError
-from ..wire_format import PlanUpdate
-from .plans import Adopted, PlanVersions
-from .transport import MessageKey, Reduced, BaseTransport
+from gradsched.core.plan import PS_PIECE_BYTES, Plan, PlannedMessage
+from gradsched.runtime.config import Environment
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.comm.wire_format import PlanUpdate
+from gradsched.runtime.comm.plans import Adopted, PlanVersions
+from gradsched.runtime.comm.transport import MessageKey, Reduced, BaseTransport
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
 STOP = (-1, 0)
 # a server sums and answers a chunk in pieces of about this size (tests cut small messages too,
 # with GRADSCHED_PS_PIECE_BYTES set alike on every rank)
-PIECE_BYTES = Environment.read().ps_piece_bytes or PS_PIECE_BYTES
+PIECE_BYTES = PS_PIECE_BYTES  # unless GRADSCHED_PS_PIECE_BYTES says otherwise (read when a chunk is cut)
 MAX_PIECES = 64  # ... at most this many per chunk (larger pieces for larger chunks)
 
 
@@ -62,7 +62,7 @@ def message_tag(k: int, j: int, p: int = 0) -> int:
 
 def pieces(lo: int, hi: int, element_size: int) -> list[tuple[int, int]]:
     """(first, end) element of each piece of the chunk ``[lo, hi)``, in order."""
-    step = max(1, PIECE_BYTES // element_size, -(-(hi - lo) // MAX_PIECES))
+    step = max(1, (Environment.read().ps_piece_bytes or PIECE_BYTES) // element_size, -(-(hi - lo) // MAX_PIECES))
     return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
 
 

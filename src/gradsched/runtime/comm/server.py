@@ -24,11 +24,11 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from ...core.plan import Plan
-from .. import wire_format
-from ..errors import GradschedError
-from ..topology import Topology
-from .ps import HEADER_TAG, STOP, buffer_layout, cut, message_tag
+from gradsched.core.plan import Plan
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.comm.topology import Topology
+from gradsched.runtime.comm.ps import HEADER_TAG, STOP, buffer_layout, cut, message_tag
 
 
 class Server:

@@ -8,12 +8,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..topology import Topology
-from .comm_hook import HookTransport, wire_dtype_of
-from .compression import Compressed, wire_dtype
-from .plans import PlanVersions
-from .ps import PushPull
-from .transport import AllReduce, Transport
+from gradsched.runtime.comm.topology import Topology
+from gradsched.runtime.comm.comm_hook import HookTransport, wire_dtype_of
+from gradsched.runtime.comm.compression import Compressed, wire_dtype
+from gradsched.runtime.comm.plans import PlanVersions
+from gradsched.runtime.comm.ps import PushPull
+from gradsched.runtime.comm.transport import AllReduce, Transport
 
 
 def make_transport(topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..models.table import Layer, ModelTable, ParamSpec
+from gradsched.models.table import Layer, ModelTable, ParamSpec
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RoundTiming:
     module_starts: dict[str, float] = field(default_factory=dict)  # first call of each module
     module_waits: dict[str, float] = field(default_factory=dict)  # time it then spent waiting for updates
     ready: dict[str, float] = field(default_factory=dict)  # gradient name -> time it was ready
-    events: dict = field(default_factory=dict, repr=False)  # CUDA: stamp -> event (gradsched.runtime.clock)
+    events: dict = field(default_factory=dict, repr=False)  # CUDA: stamp -> event (gradsched.runtime.planning.clock)
 
 
 def measured_table(

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .profiling import RoundTiming
+from gradsched.runtime.planning.profiling import RoundTiming
 
 
 class Clock:

@@ -179,7 +179,7 @@ def _job_store() -> Any:
     """A clone of the default process group's store (its own connection) with a short
     timeout, or None."""
     try:
-        from .torch_private import default_store
+        from gradsched.runtime.torch_private import default_store
 
         store = default_store().clone()
         store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))

@@ -12,7 +12,7 @@ at once. On CUDA the launcher's stream first waits for the training stream's wor
 previous forward pass wrote the statistics).
 
 With parameter servers the data group holds the servers too, so buffers travel on the
-workers' gloo group, at once (:func:`gradsched.runtime.broadcast.broadcast_flat`).
+workers' gloo group, at once (:func:`gradsched.runtime.comm.broadcast.broadcast_flat`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .broadcast import broadcast_flat, buffers_of
-from .comm.exchange import Exchange
-from .comm.streams import record, wait_for
-from .errors import failing_rank
+from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.streams import record, wait_for
+from gradsched.runtime.errors import failing_rank
 
 WHAT = "broadcasting buffers"
 
@@ -45,7 +45,7 @@ def _copy_back(members: Sequence[torch.Tensor], flat: torch.Tensor, future: torc
 def broadcast_async(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup,
                     device: torch.device | None, after: object) -> list[torch.futures.Future]:
     """On the launcher: rank ``source``'s values of ``tensors`` into every rank's, one broadcast
-    per dtype (as :func:`~gradsched.runtime.broadcast.broadcast_flat`), without waiting; the
+    per dtype (as :func:`~gradsched.runtime.comm.broadcast.broadcast_flat`), without waiting; the
     futures complete once copied back. ``after``: the training stream's event (CUDA)."""
     wait_for(device, [after])
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -70,21 +70,21 @@ class BufferSync:
         self.group = group
         self.on_data_plane = on_data_plane
         self.explain = explain
-        self.tensors = buffers_of(model)
-        synced = {id(t) for t in self.tensors}
+        synced = {id(t) for t in buffers_of(model)}
         self.owners = {m for m in model.modules() if any(id(b) in synced for b in m.buffers(recurse=False))}
-        self.device = next((t.device for t in self.tensors if t.is_cuda), None)
         self._pending: Callable[[], list[torch.futures.Future]] | None = None
 
     def start(self, source: int) -> None:
         """Copy rank ``source``'s buffers to every rank: under way once this returns."""
         self.wait()
-        if not self.tensors:
+        tensors = buffers_of(self.model)  # each time: a module may have replaced a buffer (as DDP reads them)
+        if not tensors:
             return
         if not self.on_data_plane:
-            broadcast_flat(self.tensors, source, self.group(), WHAT, self.explain)
+            broadcast_flat(tensors, source, self.group(), WHAT, self.explain)
             return
-        issue = partial(broadcast_async, self.tensors, source, self.group(), self.device, record(self.device))
+        device = next((t.device for t in tensors if t.is_cuda), None)
+        issue = partial(broadcast_async, tensors, source, self.group(), device, record(device))
         self._pending = self.exchange.after_launched(issue)
         if self.model in self.owners:  # the root's forward reads its own right away
             self.wait()
@@ -107,4 +107,4 @@ class BufferSync:
         """Let go of the model and of what the coordinator gave (they refer back to it)."""
         self._pending = None
         self.model = self.exchange = self.group = self.explain = None
-        self.tensors, self.owners = [], set()
+        self.owners = set()

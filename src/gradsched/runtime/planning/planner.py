@@ -7,13 +7,13 @@ At the rounds the :class:`~gradsched.control.ControlSchedule` names, rank 0 make
 from the median ready times of the latest rounds and the link estimate. One broadcast
 carries it to every rank, always at the same point after a round (``optimizer.step()``; the
 next training forward pass where no step followed; inside ``join()``, the next iteration's
-announcement, see :mod:`gradsched.runtime.join`), and the plan
+announcement, see :mod:`gradsched.runtime.training.join`), and the plan
 takes effect from the next round on. After profiling, rank 0 runs the measured-arms
 experiment (:class:`~gradsched.control.ArmsExperiment`: the policy against DDP-style
 buckets, and the online tuner's candidates): it asks for each arm, makes (or re-uses) its
 plan, and tells it the arm's measured iteration times (forward start to forward start);
 then it adopts what the experiment decides. The simulator's prediction of the same
-comparison (the measured model on a probed link, see :mod:`gradsched.runtime.profiling`) is
+comparison (the measured model on a probed link, see :mod:`gradsched.runtime.planning.profiling`) is
 made at the start and reported next to the measurement; it does not decide, because a few
 per cent of model error is enough to pick the wrong side where the two are close.
 """
@@ -28,27 +28,26 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage, TrialReport, TuningReport
-from ..control.arms import arm_kinds
-from ..core.base import PolicyConfig
-from ..core.estimator import MeasuredLink
-from ..core.plan import Plan
-from ..core.policies import FifoConfig
-from ..core.task import TensorSpec
-from ..models.table import ModelTable
-from ..sim import default_ready_times, make_plan
-from ..sim.predict import predict, ring_cluster
-from .comm.compression import wire_dtype
-from .config import RuntimeConfig
-from ..files import problem_writing
-from .errors import GradschedError, failing_rank
-from .comm.exchange import Exchange
-from .probe import probe_link
-from .clock import Clock
-from .profiling import RoundTiming, measured_table
-from .stats import Prediction
-from . import wire_format
-from .wire_format import Proposal
+from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage, TrialReport, TuningReport
+from gradsched.control.arms import arm_kinds
+from gradsched.core.base import PolicyConfig
+from gradsched.core.estimator import MeasuredLink
+from gradsched.core.plan import Plan
+from gradsched.runtime.comm.compression import wire_dtype
+from gradsched.core.task import TensorSpec
+from gradsched.models.table import ModelTable
+from gradsched.sim import default_ready_times, make_plan
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.files import problem_writing
+from gradsched.runtime.errors import GradschedError, failing_rank
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.planning.probe import probe_link
+from gradsched.runtime.planning.clock import Clock
+from gradsched.runtime.planning.prediction import TrialPredictor
+from gradsched.runtime.planning.profiling import RoundTiming, measured_table
+from gradsched.runtime.diagnostics.stats import Prediction
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.comm.wire_format import Proposal
 
 logger = logging.getLogger("gradsched")
 
@@ -80,6 +79,7 @@ class Planner:
         self.settle = settle  # waits until no gradient is in flight
         self.on_buckets_kept = on_buckets_kept  # told on every rank when the measured trial keeps the buckets
         self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
+        self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, world_size, exchange)
         compare = world_size > 1 and not policy.is_buckets
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
                  if compare else ())
@@ -99,8 +99,8 @@ class Planner:
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
         if ArmKind.CANDIDATE in kinds:
-            from ..tune import Tuner, default_space
-            from ..tune.space import around
+            from gradsched.tune import Tuner, default_space
+            from gradsched.tune.space import around
 
             space = default_space(self.policy.name, self.config.autotune_space)
             start = {d.option: getattr(self.policy, d.option) for d in space.dimensions}  # the user's options
@@ -222,8 +222,8 @@ class Planner:
         if not timings and point.stage == Stage.REPLAN:  # the first round warms up; rounds with unused
             return None  # parameters are skipped
         ready = _median_ready(timings, self.names) if timings else default_ready_times(self.tensors)
-        link = self._estimated_link()
-        prediction = self._prediction(timings, link) if point == ControlPoint(Stage.ARM, 0) else None
+        link = self.predictor.estimated_link()
+        prediction = self.predictor.prediction(timings, link, self.link) if point == ControlPoint(Stage.ARM, 0) else None
         arm = decision = None
         if point.stage == Stage.ARM:
             if point.index > 0:
@@ -250,31 +250,7 @@ class Planner:
 
     def _with(self, options: dict | None) -> PolicyConfig:
         """The policy with ``options`` (None: DDP-style buckets)."""
-        return self._buckets() if options is None else dataclasses.replace(self.policy, **options)
-
-    def _buckets(self) -> FifoConfig:
-        """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``: the very buckets
-        DDP (with a compression hook, if compressed) would send."""
-        wire_ratio = sum(t.nbytes for t in self.tensors) / sum(n * size for n, size in self.sizes.values())
-        return FifoConfig.ddp_buckets(int(self.config.bucket_cap_mb * (1 << 20)), wire_ratio)
-
-    def _prediction(self, timings: list[RoundTiming], link: tuple) -> Prediction | None:
-        """The simulator's view of the measured trial, on the probed link (or the estimate)."""
-        if not (self.config.fallback and self.config.architecture == "allreduce" and link and timings):
-            return None
-        probed = self.link  # with compression: in the wire dtype, and the casts' cost
-        return self._predict(timings, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s,
-                                         probed.cast_s_per_byte) if probed else link))
-
-    def _estimated_link(self) -> tuple[float, float, float] | tuple[()]:
-        """(latency, seconds per byte, per-message overhead) estimated from completed
-        messages, () before any; with parameter servers, of one direction (push or pull)."""
-        est = self.exchange.estimator
-        if not (est.ready and est.seconds_per_byte > 0):
-            return ()
-        if self.config.architecture == "ps":
-            return push_pull_link(est.latency, est.seconds_per_byte, est.per_message)
-        return est.latency, est.seconds_per_byte, est.per_message
+        return self.predictor.buckets() if options is None else dataclasses.replace(self.policy, **options)
 
     def _close_arm(self) -> None:
         """Tell the experiment the measured iteration times of the arm that just ended."""
@@ -288,49 +264,11 @@ class Planner:
             logger.info("gradsched: arm %d (%s) %s: %.2f ms per iteration", arm.index, arm.kind.value,
                         arm.options if arm.options is not None else "DDP-style buckets", seconds * 1e3)
 
-    def _predict(self, timings: list[RoundTiming], latency: float, per_byte: float,
-                 overhead: float, cast: float = 0.0) -> Prediction | None:
-        """Simulate the measured model under the policy and under fifo on the measured link.
-
-        When the measured messages were all about one size, per-message and per-byte costs
-        cannot be told apart: then the policy must win under both attributions (all of a
-        message's time per byte, and all of it per message) or the prediction says buckets."""
-        table = measured_table(timings, self.owners, self.sizes)
-        if table is None:
-            return None
-        wire = wire_dtype(self.config.compression)
-        if wire is not None:  # the measured table has the parameters' own sizes; messages carry wire bytes
-            table = table.on_the_wire(wire.itemsize)
-        links = [(latency, per_byte, overhead, cast)]
-        estimator = self.exchange.estimator
-        if self.link is None and not estimator.separable:
-            _, seconds = estimator.mean_queued
-            links.append((latency, per_byte * 1e-3, seconds, cast))  # (almost) everything per message
-        verdicts = [self._simulate_both(table, *attribution) for attribution in links]
-        ours, fifo = verdicts[0]
-        use_fifo = any(o > f * (1.0 - self.config.fallback_gain) for o, f in verdicts)
-        return Prediction(table.compute_s, latency, overhead, table.gradient_bytes * per_byte, ours, fifo,
-                          separable=len(links) == 1, use_fifo=use_fifo)
-
-    def _simulate_both(self, table: ModelTable, latency: float, per_byte: float, overhead: float,
-                       cast: float) -> tuple[float, float]:
-        cluster = ring_cluster(self.world_size, per_byte, latency, overhead, cast_s_per_byte=cast)
-        return predict(table, cluster, self.policy), predict(table, cluster, self._buckets())
-
 
 def _users_random_state_kept(device: torch.device):
     """Whatever runs inside (Optuna's samplers fit with torch) leaves the user's generators
     (the CPU one, and the parameters' CUDA device's) as they were."""
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
-
-
-def push_pull_link(latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:
-    """One direction of a parameter-server link, from the estimate of messages timed from
-    push to pull. Queued messages finish one direction's time apart (the pushes of later
-    messages overlap the pulls of earlier ones), so the queued fit's cost per byte and per
-    message are already one direction's; a lone message's fixed time holds two latencies
-    and two per-message costs (its push, then its pull)."""
-    return max(0.0, latency / 2 - per_message), seconds_per_byte, per_message
 
 
 def _median_ready(timings: Sequence[RoundTiming], names: Sequence[str]) -> dict[str, float]:

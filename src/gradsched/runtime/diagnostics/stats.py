@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..control.arms import TrialReport, TuningReport
-from ..core.policies import is_buckets
+from gradsched.control.arms import TrialReport, TuningReport
+from gradsched.core.policies import is_buckets
 
 
 @dataclass(frozen=True)

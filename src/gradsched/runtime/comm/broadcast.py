@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import failing_rank
-from .torch_private import ddp_ignored
+from gradsched.runtime.errors import failing_rank
+from gradsched.runtime.torch_private import ddp_ignored
 
 
 def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup, what: str,

@@ -12,8 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from .errors import GradschedError
+from gradsched.runtime.config import Environment
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.torch_private import ddp_ignored
 
 # What DDP's reducer holds, read by some code (named when it is missing here).
 REDUCER_STATE = ("reducer", "logger", "modules_buffers", "named_module_buffers", "buffer_hook", "_module_copies",
@@ -48,3 +51,22 @@ def missing_attribute(where: str, name: str) -> AttributeError:
         return AttributeError(f"{where} has no attribute {name!r}: it belongs to DDP's C++ reducer, which gradsched "
                               "replaces (see model.stats for what gradsched reports)")
     return AttributeError(f"{where!r} object has no attribute {name!r}")
+
+
+def set_ddp_attributes(ddp: Any, module: Any, device_ids: list | None, dim: int, process_group: Any,
+                       device_mesh: Any, find_unused_parameters: bool, gradient_as_bucket_view: bool,
+                       static_graph: bool, bucket_cap_mb: float) -> None:
+    """What code written for DDP reads on it, set as DDP sets it."""
+    device = next(iter({p.device for p in module.parameters()} or {torch.device("cpu")}))
+    ddp.device_ids = [device.index if device.type == "cuda" else device] if device_ids is not None else None
+    ddp.output_device = ddp.device_ids[0] if ddp.device_ids else None
+    ddp.device, ddp.device_type, ddp.dim = device, device.type, dim
+    ddp.process_group = process_group if process_group is not None else dist.group.WORLD
+    ddp.device_mesh = device_mesh
+    ddp.find_unused_parameters = find_unused_parameters
+    ddp.gradient_as_bucket_view, ddp.static_graph = gradient_as_bucket_view, static_graph
+    ddp.bucket_bytes_cap = int(bucket_cap_mb * (1 << 20))
+    ddp.mixed_precision = None
+    ddp.parameters_to_ignore = ddp_ignored(module)
+    ddp.use_side_stream_for_tensor_copies = Environment.read().ddp_side_stream
+    ddp.is_multi_device_module = False

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..trace import ChromeTrace, pack_lanes
+from gradsched.trace import ChromeTrace, pack_lanes
 
 _TRACKS = {
     "forward": (1, "forward (per module)"),

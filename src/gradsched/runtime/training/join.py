@@ -29,7 +29,7 @@ gradsched takes part in PyTorch's generic join context manager
 Inside the context, as with DDP, each forward pass with gradients enabled and outside
 ``no_sync()`` must be followed by ``backward()`` (evaluate under ``torch.no_grad()``); a rank
 that breaks this gets a :class:`GradschedError`. An optimizer is optional, as with DDP. Inside
-the context a round's control point (:mod:`gradsched.runtime.planning`) is held when the next
+the context a round's control point (:mod:`gradsched.runtime.planning.planner`) is held when the next
 iteration is announced (or, on a rank that has joined, before it shadows the next one), not in
 ``step()``, so that every rank holds it at the same point whether it steps or not.
 """
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
-from .errors import GradschedError, failing_rank
+from gradsched.runtime.errors import GradschedError, failing_rank
 
 
 class Iteration(NamedTuple):
@@ -218,7 +218,7 @@ class JoinsUnevenInputs(Joinable):
     def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
              throw_on_early_termination: bool = False) -> Join:
         """A context manager in which ranks may run different numbers of iterations
-        (DDP's ``join()``; see :mod:`gradsched.runtime.join`).
+        (DDP's ``join()``; see :mod:`gradsched.runtime.training.join`).
 
         Args:
             divide_by_initial_world_size: average gradients over every worker, a rank that

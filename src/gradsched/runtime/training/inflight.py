@@ -20,9 +20,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils._pytree import tree_map
 
-from .comm.exchange import Exchange
-from .comm.streams import Produced
-from .torch_private import plain_torch_function
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.streams import Produced
+from gradsched.runtime.torch_private import plain_torch_function
 
 
 class InFlightGrad(torch.Tensor):
@@ -99,7 +99,9 @@ class Handover:
         self.exchange.mark_ready(i, grad, round_index, produced)
 
     def wait(self, indices: Sequence[int], what: str) -> None:
-        """Block until these gradients are reduced, then settle them."""
+        """Block until these gradients are reduced, then settle them: the one answer on the
+        training thread to "wait until this gradient is reduced" (a read of ``.grad``, a
+        module's forward, ``step()``, clipping, a control point, a joined rank's round)."""
         self.exchange.wait_reduced(indices, what)  # complete, also on the device (gradsched.runtime.comm.board)
         self.settle(indices)
 

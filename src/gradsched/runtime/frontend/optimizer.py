@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from .errors import GradschedError
-from .join import JoinsUnevenInputs, UnevenInputs
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.training.join import JoinsUnevenInputs, UnevenInputs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .coordinator import Coordinator
-    from .stats import RunStats
+    from gradsched.runtime.training.coordinator import Coordinator
+    from gradsched.runtime.diagnostics.stats import RunStats
 
 
 class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
@@ -151,7 +151,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
         """Finish communication, detach every hook and stop the background thread."""
         self._coordinator.close()
 
-    def _uneven_inputs(self) -> UnevenInputs:  # join(): see gradsched.runtime.join
+    def _uneven_inputs(self) -> UnevenInputs:  # join(): see gradsched.runtime.training.join
         return self._coordinator.uneven
 
     # -- checkpoints ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import failing_rank
+from gradsched.runtime.errors import failing_rank
 
 
 def sparse_parameters(model: nn.Module, ignored: set[str]) -> tuple[list[str], list[nn.Parameter]]:

@@ -30,10 +30,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .comm.compression import ddp_hook, wire_dtype
-from .config import RuntimeConfig
-from .hooks import Hook
-from .torch_private import ddp_post_forward, ddp_pre_forward
+from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.training.hooks import Hook
+from gradsched.runtime.torch_private import ddp_post_forward, ddp_pre_forward
 
 #: the installed DDP calls the buffer sync before each forward ``forward_sync_buffers`` (2.13+)
 DDP_NAMES_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
@@ -94,3 +94,43 @@ class TorchReducer:
             handle.remove()
         self._handles.clear()
         self.ddp = None
+
+
+class ReducerBackend:
+    """The coordinator's backend from the hand-off on: DDP's reducer reduces inside backward,
+    ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's."""
+
+    def __init__(self, reducer: TorchReducer, updates: Any, rounds_before: int) -> None:
+        self.reducer = reducer
+        self.updates = updates  # the plane's DeferredUpdates: the user's optimizer, AMP's scaling kept
+        self.rounds_before = rounds_before  # reduced by gradsched's plane before the hand-off
+
+    @property
+    def rounds(self) -> int:
+        return self.rounds_before + self.reducer.rounds
+
+    @property
+    def uneven(self) -> DistributedDataParallel:
+        return self.reducer.ddp  # join(): DDP's own
+
+    joined = False  # DDP's join keeps its own state
+
+    def step(self) -> None:  # DDP's reducer finished every reduction inside backward
+        self.updates.apply_now(range(len(self.updates.params)), self.updates.snapshot())
+
+    def synchronize(self) -> None:
+        """Nothing: every reduction ended inside ``backward()``."""
+
+    def set_sync(self, enabled: bool) -> None:
+        self.reducer.sync(enabled)
+
+    def forward_param_sync(self, enabled: bool | None = None) -> bool:
+        if enabled is not None:
+            self.reducer.ddp.require_forward_param_sync = bool(enabled)
+        return self.reducer.ddp.require_forward_param_sync
+
+    def idle(self) -> bool:
+        return True
+
+    def close(self, wait: bool) -> None:
+        self.reducer.close()

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.graph import get_gradient_edge
 
-from .errors import failing_rank
-from .torch_private import will_be_reached
+from gradsched.runtime.errors import failing_rank
+from gradsched.runtime.torch_private import will_be_reached
 
 
 def _reached(node: object) -> bool:

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..core.estimator import MeasuredLink
+from gradsched.core.estimator import MeasuredLink
 
 
 def median_time(action: Callable[[], object], repeats: int, warmup: int = 1,

@@ -11,14 +11,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..files import problem_writing
-from .config import RuntimeConfig
-from .errors import GradschedError, entry
-from .optimizer import ScheduledOptimizer
-from .sparse import sparse_parameters
-from .torch_private import ddp_ignored
-from . import wire_format
-from .wire_format import RankChecks
+from gradsched.files import problem_writing
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.errors import GradschedError, entry
+from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
+from gradsched.runtime.training.sparse import sparse_parameters
+from gradsched.runtime.torch_private import ddp_ignored
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.comm.wire_format import RankChecks
 
 
 def check_arguments(model: nn.Module) -> None:
@@ -51,8 +51,8 @@ def check_options(policy: str, config: RuntimeConfig) -> None:
     if config.autotune_space is not None and not config.autotune:
         raise ValueError(f"{entry()}: autotune_space is set but autotune is not; pass autotune=True to tune online")
     if config.autotune:
-        from ..extras import require
-        from ..tune.space import default_space  # not gradsched.tune: that loads Optuna
+        from gradsched.extras import require
+        from gradsched.tune.space import default_space  # not gradsched.tune: that loads Optuna
 
         require("optuna", "tune")  # now, not at the first control point
 
@@ -88,7 +88,7 @@ def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
     """Names and parameters whose gradients are communicated in gradsched's messages, each
     shared parameter once: those that get gradients, but not the empty ones (a layer of zero
     features), which hold nothing to average, nor those DDP is told to ignore, nor those
-    with sparse gradients (:mod:`gradsched.runtime.sparse` reduces those)."""
+    with sparse gradients (:mod:`gradsched.runtime.training.sparse` reduces those)."""
     skip = ignored(model)
     _, sparse = sparse_parameters(model, skip)
     names, params, seen = [], [], {id(p) for p in sparse}

@@ -20,19 +20,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..core import POLICIES, policy_config
-from .checks import (check_across_ranks, check_arguments, check_comm_hook, check_optimizer, check_options,
+from gradsched.core import POLICIES, policy_config
+from gradsched.runtime.frontend.checks import (check_across_ranks, check_arguments, check_comm_hook, check_optimizer, check_options,
                      check_parameters, ignored, stray_parameters, trainable, warn_stray)
-from .comm.comm_hook import hook_state
-from .sparse import sparse_parameters
-from .comm.compression import check_backend, check_compressible, wire_dtype
-from .config import RuntimeConfig
-from .coordinator import Coordinator
-from .errors import GradschedError, entry, failing_rank
-from .optimizer import ScheduledOptimizer
-from .peer_status import stop_all
-from .comm.server import Server
-from .topology import Topology, destroy_created
+from gradsched.runtime.comm.comm_hook import hook_state
+from gradsched.runtime.training.sparse import sparse_parameters
+from gradsched.runtime.comm.compression import check_backend, check_compressible, wire_dtype
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.training.coordinator import Coordinator
+from gradsched.runtime.errors import GradschedError, entry, failing_rank
+from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
+from gradsched.runtime.diagnostics.peer_status import stop_all
+from gradsched.runtime.comm.server import Server
+from gradsched.runtime.comm.topology import Topology, destroy_created
 
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weakref to its coordinator
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # coordinators, closed at exit if the user did not

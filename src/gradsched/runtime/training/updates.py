@@ -21,10 +21,10 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from .comm.exchange import Exchange
-from .inflight import Handover
-from .torch_private import GRAD_SCALER_ATTRIBUTES
-from .tracing import RunTrace
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.torch_private import GRAD_SCALER_ATTRIBUTES
+from gradsched.runtime.diagnostics.tracing import RunTrace
 
 SCALING = GRAD_SCALER_ATTRIBUTES  # what GradScaler sets on a fused optimizer around its step()
 
@@ -80,8 +80,7 @@ class DeferredUpdates:
         """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
         started = time.perf_counter()
         indices = list(indices)
-        self.exchange.wait_reduced(indices, what)  # complete, also on the device (gradsched.runtime.comm.board)
-        self.handover.settle(indices)
+        self.handover.wait(indices, what)  # reduced, and settled: on CUDA the current stream waits for them
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
         self.apply(sorted({i for i in [*self.update, *self.zero] if not self.exchange.in_flight(i)}))

@@ -28,8 +28,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .config import RuntimeConfig
-from .errors import GradschedError, entry
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.errors import GradschedError, entry
 
 
 #: NCCL's watchdog aborts the process once a collective exceeds its group's timeout, before any
@@ -37,7 +37,7 @@ from .errors import GradschedError, entry
 #: gradsched's wait for a reduction expires first and its error names the rank that stopped
 NCCL_WATCHDOG_MARGIN = timedelta(seconds=60)
 
-# every group gradsched made in this process: destroyed at exit (gradsched.runtime.wrap),
+# every group gradsched made in this process: destroyed at exit (gradsched.runtime.frontend.wrap),
 # while the interpreter is whole, not in its teardown
 _CREATED: list[dist.ProcessGroup] = []
 

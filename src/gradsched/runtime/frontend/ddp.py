@@ -14,53 +14,35 @@ here and these load into DDP), ``optimizer.step(closure)``, AMP's ``GradScaler``
 
 The model is wrapped before its optimizer exists, so the optimizer is found when it first
 steps: the first ``torch.optim`` optimizer whose ``step()`` runs over this model's parameters
-is *bound*. From then on its ``step()`` schedules (each parameter is updated once its gradient
-is reduced, by the optimizer's own ``step()`` run on that parameter), its ``zero_grad()``
-waits for gradients still on the wire, and its ``state_dict()`` waits for every update.
-Binding takes nothing but documented ``torch.optim`` hooks, so LR schedulers wrapped
-around ``step()`` before or after keep working.
+is *bound* (:mod:`gradsched.runtime.frontend.binding`), with documented ``torch.optim`` hooks
+only, so LR schedulers wrapped around ``step()`` before or after keep working.
 """
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .checks import check_optimizer, stray_parameters, warn_stray
-from .ddp_surface import missing_attribute, refuse_reducer_methods
-from ..core.policies import is_buckets
-from .config import Environment
-from .coordinator import Coordinator
-from .errors import GradschedError, entered_through
-from .handoff import DDP_NAMES_FORWARD_SYNC
-from .broadcast import buffers_of
-from .join import JoinsUnevenInputs, UnevenInputs
-from .optimizer import ScheduledOptimizer
-from .stats import RunStats
-from .torch_private import ddp_ignored, move_inputs
-from .wrap import start
+from gradsched.runtime.frontend.binding import Binder, bind_when_it_steps
+from gradsched.runtime.frontend.ddp_arguments import buffer_sync, process_group_of, runtime_options
+from gradsched.runtime.frontend.ddp_surface import missing_attribute, refuse_reducer_methods, set_ddp_attributes
+from gradsched.core.policies import is_buckets
+from gradsched.runtime.config import Environment
+from gradsched.runtime.errors import GradschedError, entered_through
+from gradsched.runtime.comm.broadcast import buffers_of
+from gradsched.runtime.training.join import JoinsUnevenInputs, UnevenInputs
+from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
+from gradsched.runtime.diagnostics.stats import RunStats
+from gradsched.runtime.torch_private import move_inputs
+from gradsched.runtime.frontend.wrap import start
 
 _WHERE = "gradsched.DistributedDataParallel"
 
-# DDP options with no counterpart here; each must keep DDP's default.
-_UNSUPPORTED = {
-    "delay_all_reduce_named_params": None,
-    "param_to_hook_all_reduce": None,
-    "mixed_precision": None,
-    "skip_all_reduce_unused_params": False,
-    "bucket_cap_mb_list": None,
-    "batched_grad_copy": False,
-}
 TorchDDP = torch.nn.parallel.DistributedDataParallel
-_BINDERS: weakref.WeakSet = weakref.WeakSet()  # wrapped models whose optimizer may step
-_HOOK = None  # the one global optimizer step pre-hook, registered on first use
 
 
 class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
@@ -128,9 +110,9 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         nn.Module.__init__(self)  # not DDP's: gradsched reduces, not DDP's reducer
         policy = policy or Environment.read().policy or "bytescheduler"
         with entered_through(_WHERE):
-            process_group = _process_group(process_group, device_mesh)
-            options = _runtime_options(module, device_ids, output_device, dim, options)
-            sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+            process_group = process_group_of(process_group, device_mesh)
+            options = runtime_options(module, device_ids, output_device, dim, options)
+            sync_buffers, init_sync_buffers = buffer_sync(broadcast_buffers, forward_sync_buffers)
             options = dict(options, find_unused_parameters=find_unused_parameters, broadcast_buffers=sync_buffers,
                            broadcast_parameters=init_sync)
             if bucket_cap_mb is not None:
@@ -142,20 +124,8 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
                                  "ends its process once the workers are done")
         self.module = module
         self._arguments = (policy, policy_options, options)  # what a pickled copy attaches with
-        # what code written for DDP reads on it, as DDP sets it
-        device = next(iter({p.device for p in module.parameters()} or {torch.device("cpu")}))
-        self.device_ids = [device.index if device.type == "cuda" else device] if device_ids is not None else None
-        self.output_device = self.device_ids[0] if self.device_ids else None
-        self.device, self.device_type, self.dim = device, device.type, dim
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self.device_mesh = device_mesh
-        self.find_unused_parameters = find_unused_parameters
-        self.gradient_as_bucket_view, self.static_graph = gradient_as_bucket_view, static_graph
-        self.bucket_bytes_cap = int(options.get("bucket_cap_mb", 25.0) * (1 << 20))
-        self.mixed_precision = None
-        self.parameters_to_ignore = ddp_ignored(module)
-        self.use_side_stream_for_tensor_copies = Environment.read().ddp_side_stream
-        self.is_multi_device_module = False
+        set_ddp_attributes(self, module, device_ids, dim, process_group, device_mesh, find_unused_parameters,
+                           gradient_as_bucket_view, static_graph, options.get("bucket_cap_mb", 25.0))
         self._comm_hook: tuple[Any, Any] | None = None  # (state, hook), register_comm_hook's
         self._attach(init_sync and init_sync_buffers)
 
@@ -167,11 +137,10 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
             coordinator = start(self.module, None, policy, policy_options, options, group, self._comm_hook)
         if coordinator is None:  # pragma: no cover - exit_server=False was refused above
             raise GradschedError(f"{_WHERE}: a parameter server returned")
-        self._binder = _Binder(coordinator)
+        self._binder = Binder(coordinator)
         if sync_buffers and coordinator.world_size > 1:
             coordinator.broadcast_buffers()  # DDP copies rank 0's buffers at construction too
-        _BINDERS.add(self._binder)
-        _register_hook()
+        bind_when_it_steps(self._binder)
 
     @property
     def forward_sync_buffers(self) -> bool:
@@ -198,14 +167,12 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
     def require_forward_param_sync(self) -> bool:
         """DDP's flag that the next forward pass syncs buffers (set by each forward pass: True
         after one that trained and synced)."""
-        co = self._binder.coordinator
-        return co.reducer.ddp.require_forward_param_sync if co.reducer is not None else co.sync.param
+        return self._binder.coordinator.forward_param_sync()
 
     @require_forward_param_sync.setter
     def require_forward_param_sync(self, enabled: bool) -> None:
         co = self._binder.coordinator
-        if co.reducer is not None:
-            co.reducer.ddp.require_forward_param_sync = bool(enabled)
+        co.forward_param_sync(enabled)
         co.sync.param = bool(enabled)
 
     def will_sync_module_buffers(self) -> bool:
@@ -294,7 +261,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         """Finish communication, detach every hook and release the bound optimizer."""
         self._binder.coordinator.close()
 
-    # join() and its Joinable parts are gradsched's (gradsched.runtime.join), not DDP's
+    # join() and its Joinable parts are gradsched's (gradsched.runtime.training.join), not DDP's
     join = JoinsUnevenInputs.join
     join_hook = JoinsUnevenInputs.join_hook
     join_device = JoinsUnevenInputs.join_device
@@ -329,148 +296,3 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
 
 
 refuse_reducer_methods(DistributedDataParallel, _WHERE)
-
-
-class _Binder:
-    """Finds the optimizer of a model wrapped before it, and routes that optimizer's
-    ``step()``, ``zero_grad()`` and checkpoints through the coordinator."""
-
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduled: ScheduledOptimizer | None = None
-        self._handles: list[Any] = []
-        coordinator.on_close.append(self._release)
-
-    def before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
-        """The step pre-hook: schedule this step, and let the optimizer's own ``step()`` run on
-        none of the parameters gradsched schedules (it still runs any closure, returning its loss)."""
-        co = self.coordinator
-        if co.closed or co.updates.applying:
-            return None
-        if optimizer is self.optimizer:
-            pass
-        elif optimizer is self.scheduled or not any(id(p) in co.index for g in optimizer.param_groups
-                                                    for p in g["params"]):
-            return None
-        elif self.optimizer is None:
-            self._bind(optimizer)
-        else:
-            raise GradschedError("gradsched: a second optimizer steps this model's parameters; gradsched applies "
-                                 "one optimizer per wrapped model: use one optimizer with parameter groups")
-        kwargs = dict(kwargs)
-        closure = kwargs.pop("closure", args[1] if len(args) > 1 else None)
-        loss = self.scheduled.schedule_step(closure, unscheduled=False)  # the optimizer steps the rest itself
-        if optimizer._optimizer_step_post_hooks:  # code hooked after step() reads parameters: update them all
-            co.synchronize()
-        if closure is not None:
-            kwargs["closure"] = lambda: loss
-        return (_stepping_unscheduled(optimizer, co.index),), kwargs
-
-    def _bind(self, optimizer: torch.optim.Optimizer) -> None:
-        check_optimizer(optimizer)
-        for other in _BINDERS:
-            if other is not self and other.optimizer is optimizer:
-                raise GradschedError("gradsched: one optimizer steps the parameters of two wrapped models; "
-                                     "wrap one model holding both")
-        co = self.coordinator
-        stray = stray_parameters(co.model, optimizer, co.names, co.params)
-        if co.rank == 0:
-            warn_stray(stray)
-        co.bind(optimizer)
-        self.optimizer = optimizer
-        self.scheduled = ScheduledOptimizer(optimizer, co)
-        optimizer.zero_grad = self.scheduled.zero_grad  # type: ignore[method-assign]
-        self._handles = [optimizer.register_state_dict_pre_hook(lambda opt: co.synchronize()),
-                         optimizer.register_load_state_dict_pre_hook(lambda opt, state: co.synchronize())]
-
-    def _release(self) -> None:
-        """The coordinator closed (by close(), or a later wrap of the module): let go of the optimizer."""
-        _BINDERS.discard(self)
-        if self.optimizer is not None:
-            self.optimizer.__dict__.pop("zero_grad", None)
-            for handle in self._handles:
-                handle.remove()
-
-
-def _stepping_unscheduled(optimizer: torch.optim.Optimizer, scheduled: dict[int, int]) -> torch.optim.Optimizer:
-    """A shallow copy of ``optimizer`` whose groups hold none of the ``scheduled`` parameters
-    (gradsched updates those itself): its class's ``step()`` runs (closure included) on the
-    others only, such as empty parameters, whose gradients are not communicated."""
-    stand_in = object.__new__(type(optimizer))
-    stand_in.__dict__.update(optimizer.__dict__)
-    stand_in.param_groups = [{**group, "params": [p for p in group["params"] if id(p) not in scheduled]}
-                             for group in optimizer.param_groups]
-    return stand_in
-
-
-def _register_hook() -> None:
-    global _HOOK
-    if _HOOK is None:
-        _HOOK = register_optimizer_step_pre_hook(_before_any_step)
-
-
-def _before_any_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> tuple | None:
-    for binder in list(_BINDERS):
-        result = binder.before_step(optimizer, args, kwargs)
-        if result is not None:
-            return result
-    return None
-
-
-def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:
-    """(sync buffers before each forward pass that trains, sync them at construction), as DDP
-    decides them: ``forward_sync_buffers`` wins and leaves the construction's sync on; the older
-    ``broadcast_buffers=False`` turns both off; both default to True. Where the installed
-    PyTorch deprecates ``broadcast_buffers`` (2.13), passing it warns as DDP does."""
-    if broadcast_buffers is not None and _DDP_DEPRECATES_BROADCAST_BUFFERS:
-        both = forward_sync_buffers is not None
-        warnings.warn(f"{_WHERE}: `broadcast_buffers` is deprecated, as in PyTorch's DDP: use `forward_sync_buffers`"
-                      + (" (given too, it wins)" if both else "; unlike broadcast_buffers=False, forward_sync_buffers"
-                         "=False still copies rank 0's buffers at construction"), FutureWarning, stacklevel=3)
-    if forward_sync_buffers is not None:
-        return bool(forward_sync_buffers), True
-    sync = broadcast_buffers is not False
-    return sync, sync
-
-
-_DDP_DEPRECATES_BROADCAST_BUFFERS = DDP_NAMES_FORWARD_SYNC
-
-
-def _process_group(process_group: Any, device_mesh: Any) -> Any:
-    """DDP's ``process_group`` or ``device_mesh`` (a 1-D mesh: its group), checked; None: the default group."""
-    if device_mesh is not None:
-        if process_group is not None:
-            raise GradschedError(f"{_WHERE}: pass process_group or device_mesh, not both (as DDP)")
-        if device_mesh.ndim != 1:
-            raise GradschedError(f"{_WHERE}: device_mesh must be 1-D (one group that averages gradients), got a "
-                                 f"{device_mesh.ndim}-D mesh; pass its data-parallel dimension: mesh['dp']")
-        process_group = device_mesh.get_group()
-    if process_group is None or process_group is dist.group.WORLD:
-        return None
-    if not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(f"{_WHERE}: process_group must be a torch.distributed.ProcessGroup, "
-                        f"got {type(process_group).__name__}")
-    return process_group
-
-
-def _runtime_options(module: nn.Module, device_ids: list | None, output_device: Any, dim: int,
-                     options: dict[str, Any]) -> dict[str, Any]:
-    """Check DDP's arguments; return the keyword options that are gradsched's."""
-    where = _WHERE
-    for name, default in _UNSUPPORTED.items():
-        if name in options and options[name] is not default:
-            raise GradschedError(f"{where}: DDP's option {name}= is not supported")
-    options = {k: v for k, v in options.items() if k not in _UNSUPPORTED}  # the rest: RuntimeConfig checks them
-    if dim != 0:
-        raise GradschedError(f"{where}: dim={dim} (scattering inputs over several devices) is not supported")
-    devices = {p.device for p in module.parameters()}
-    for name, given in (("device_ids", device_ids), ("output_device", output_device)):
-        if given is None:
-            continue
-        listed = list(given) if isinstance(given, (list, tuple)) else [given]
-        wanted = {torch.device(d) if not isinstance(d, int) else torch.device("cuda", d) for d in listed}
-        if len(listed) != 1 or wanted != devices:
-            raise GradschedError(f"{where}: {name}={given!r} must name the one device the module is on "
-                                 f"({', '.join(map(str, sorted(devices, key=str)))}), as one process per device")
-    return options

@@ -18,7 +18,7 @@ True
 >>> decode(b"\\x80\\x03}q\\x00.", "plan", "rank 0")  # a pickle
 Traceback (most recent call last):
 ...
-gradsched.runtime.wire_format.WireFormatError: a message from rank 0 is not a gradsched message: ...
+gradsched.runtime.comm.wire_format.WireFormatError: a message from rank 0 is not a gradsched message: ...
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ..control.arms import TrialReport, TuningReport
-from ..core.plan import Plan
-from ..core.task import TensorSpec
-from .errors import GradschedError
-from .stats import Prediction
+from gradsched.control.arms import TrialReport, TuningReport
+from gradsched.core.plan import Plan
+from gradsched.core.task import TensorSpec
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.diagnostics.stats import Prediction
 
 FORMAT = "gradsched"
 VERSION = 2  # raise on any change to an envelope or a body type
@@ -71,7 +71,7 @@ class Proposal:
 
 @dataclass(frozen=True)
 class RankChecks:
-    """What every rank tells the others at wrap time (see :mod:`gradsched.runtime.checks`)."""
+    """What every rank tells the others at wrap time (see :mod:`gradsched.runtime.frontend.checks`)."""
 
     structure: list[tuple[str, tuple[int, ...], str]]  # (name, shape, dtype) of every parameter
     config: str  # the policy and runtime configuration, as sorted JSON

@@ -1,0 +1,282 @@
+"""gradsched's own reduction backend: the training thread's side of every round on gradsched's
+data plane (:mod:`gradsched.runtime.comm`).
+
+* backward hands each gradient over (:mod:`~gradsched.runtime.training.intake`);
+* a forward pre-hook per module that owns parameters waits for those parameters' reduction
+  and applies every pending update (the Dependency Proxy: a layer waits only for itself), and
+  one per module that owns buffers waits for their broadcast;
+* the root module's forward pre-hook closes the previous round, starts the buffer broadcast
+  and runs the control point of a round no ``step()`` followed;
+* ``step()`` closes the round and updates each parameter once its reduction is complete.
+
+The round's life is :class:`~gradsched.runtime.training.lifecycle.RoundLife`; the coordinator
+holds this backend until the hand-off to DDP's reducer (:mod:`gradsched.runtime.training.handoff`),
+and the same interface then. Every wait for a reduced gradient goes through the handover
+(:meth:`gradsched.runtime.training.inflight.Handover.wait`).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.plans import PlanVersions, tensor_specs
+from gradsched.runtime.comm.transports import make_transport, travelling_dtype
+from gradsched.runtime.diagnostics.exposure import say_exposure
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.planning.planner import Planner, initial_plan
+from gradsched.runtime.planning.profiling import RoundTiming
+from gradsched.runtime.training.buffer_sync import BufferSync
+from gradsched.runtime.training.hooks import Hook
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.intake import Intake
+from gradsched.runtime.training.join import Iteration, UnevenInputs
+from gradsched.runtime.training.rounds import Round
+from gradsched.runtime.training.sparse import SparseGradients
+from gradsched.runtime.training.updates import DeferredUpdates
+from gradsched.runtime.training.waits import ModuleWaits
+
+
+class Plane:
+    """The round on gradsched's data plane; built by the coordinator ``co`` (which it does not keep)."""
+
+    def __init__(self, co: Any, sparse: tuple, comm_hook: tuple[Any, Callable] | None,
+                 explain: Callable[[], str]) -> None:
+        self.model, self.params, self.names, self.index = co.model, co.params, co.names, co.index
+        self.config, self.topology, self.trace, self.clock = co.config, co.topology, co.trace, co.clock
+        self.sync, self.exposure, self.entry, self.explain = co.sync, co.exposure, co.entry, explain
+        self.rank, self.world_size = co.rank, co.world_size
+        config = co.config
+        self.tensors = tensor_specs(self.names, self.params, travelling_dtype(config.compression, comm_hook))
+        versions = PlanVersions(initial_plan(self.tensors, co.policy, config.architecture))
+        transport = make_transport(co.topology, self.names, self.params, versions, config.compression, comm_hook)
+        self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
+                                 self.trace.on_exchange if self.trace else None)
+        self.exchange.explain = explain
+        try:  # the launcher runs: nothing of a half-built plane may outlive it
+            self._build(co, sparse, explain)
+        except BaseException:
+            self.exchange.close(wait=False)
+            raise
+
+    def _build(self, co: Any, sparse: tuple, explain: Callable[[], str]) -> None:
+        config = co.config
+        self.current = Round()
+        self.closed = False
+        self.broken = False  # a round that can never complete: close() must not wait for it
+        self.handover = Handover(self.params, self.exchange)
+        self.updates = DeferredUpdates(co.optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
+        self.sparse = SparseGradients(*sparse, co.topology, self)  # outside the plans (gradsched.runtime.training.sparse)
+        self.intake = Intake(self, config.find_unused_parameters)
+        self.uneven = UnevenInputs(co)  # join(): ranks with fewer batches shadow the others
+        self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
+        allreduce = config.architecture == "allreduce"  # else the data group holds the servers too
+        self.buffer_sync = BufferSync(self.model, self.exchange,
+                                      partial(getattr, co.topology, "data" if allreduce else "buffers"),
+                                      allreduce, explain)
+        self.planner = Planner(self.tensors, self.params, co.policy, config, self.waits.owners(self.names),
+                               self.exchange, co.topology.control, self.rank, self.world_size, co.topology.data,
+                               self.clock, settle=partial(self.handover.wait, range(len(self.params)), "all parameters"),
+                               on_buckets_kept=co.buckets_kept)
+        self._tracing_module: tuple[str, float] | None = None
+        self._handles: list[Any] = []
+        self.active_at = time.monotonic()  # the latest forward pass began (or the wrap): the ranks' progress
+
+    # -- the backend's interface (the coordinator's calls) ------------------------------------
+    @property
+    def round(self) -> int:
+        """The latest round begun (backward pass that communicates), numbered from 1."""
+        return self.current.index
+
+    rounds = round  # backward passes reduced so far
+
+    @property
+    def joined(self) -> bool:
+        return self.uneven.joined
+
+    def forward_param_sync(self, enabled: bool | None = None) -> bool:
+        """DDP's ``require_forward_param_sync`` (set it with ``enabled``)."""
+        if enabled is not None:
+            self.sync.param = bool(enabled)
+        return self.sync.param
+
+    def set_sync(self, enabled: bool) -> None:
+        """Nothing: the switches are read by each forward pass (gradsched.runtime.training.syncing)."""
+
+    def attach(self) -> None:
+        """Register the hooks of gradients, sparse gradients and modules."""
+        for p in self.params:
+            self._handles.append(p.register_post_accumulate_grad_hook(self.intake.on_grad))
+        self._handles.extend(self.sparse.attach())
+        self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
+        self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
+        for module in self.model.modules():
+            if module in self.waits.hooked or module in self.buffer_sync.owners:
+                self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def step(self) -> None:
+        """``optimizer.step()``: close the round; update each parameter once it is reduced."""
+        self.close_round()
+        snapshot = self.updates.snapshot()
+        if not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
+            self.synchronize()
+            self.updates.apply_now(range(len(self.params)), snapshot)
+        else:
+            unused = self.intake.globally_unused
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None and i not in unused]
+            self.updates.request_step(with_grad, snapshot)
+        self.current.life.stepped()
+        if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
+            self.planner.control_point(self.round)
+
+    def synchronize(self) -> None:
+        """Every reduction complete and every pending update applied."""
+        if self.closed:
+            return
+        self.buffer_sync.wait()
+        self.close_round()
+        self.updates.wait_and_apply(range(len(self.params)), "all parameters")
+
+    def idle(self) -> bool:
+        return self.exchange.error is None and not self.broken and not any(map(self.exchange.in_flight,
+                                                                               range(len(self.params))))
+
+    def release_buffers(self) -> None:
+        """Let go of the flat gradient buffers (the hand-off: DDP's buckets hold the gradients
+        from now on); a gradient that lives in one moves to memory of its own."""
+        homes = {h.data_ptr() for h in self.current.homes.values()}
+        for p in self.params:
+            if p.grad is not None and p.grad.data_ptr() in homes:
+                p.grad = p.grad.clone()
+        self.current.homes = {}
+        self.exchange.release_buffers()
+
+    def close(self, wait: bool) -> None:
+        """Stop; with ``wait`` (and nothing failed), first finish the communication in flight."""
+        try:
+            if wait and not self.broken and self.exchange.error is None:
+                self.synchronize()
+        finally:
+            self.closed = True
+            self.detach()
+            self.intake.detach()
+
+    def stop(self, wait: bool) -> None:
+        """Stop the threads and let go of the groups (after :meth:`close`)."""
+        self.buffer_sync.close()
+        self.exchange.close(wait=wait)
+        self.planner.close()
+
+    # -- rounds ---------------------------------------------------------------------------
+    def start_round(self) -> None:
+        """The round ``current.index`` has just opened: where its gradients go."""
+        self.current.homes = self.exchange.homes(self.current.index)
+
+    def close_round(self) -> None:
+        """The backward pass of the open round is over: every trainable parameter must have
+        handed over a gradient (or be marked unused) so the plan can complete."""
+        if not self.current.life.close():
+            return
+        self.planner.record(self.current.timing, self.round)
+        missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
+        if missing and self.intake.unused is None:
+            names = [self.names[i] for i in missing[:5]]
+            self.broken = True
+            raise GradschedError(
+                f"{len(missing)} parameters got no gradient in this backward pass, e.g. {names}; if some "
+                f"parameters are legitimately unused, pass find_unused_parameters=True to {self.entry}"
+            )
+        self.intake.close()
+        if self.current.life.orphans_due():  # gradients whose owners did not run: an ancestor that ran waits
+            self.waits.adopt_orphans(lambda i: self.exchange.ready_round[i] == self.round, self.current.ran,
+                                     lambda i, module: self.planner.adopt(self.names[i], module))
+
+    def shadow(self, iteration: Iteration) -> None:
+        """On a rank that has joined: take part in one iteration of the ranks still training
+        with zero gradients and no update (see :mod:`gradsched.runtime.training.join`)."""
+        if self.config.broadcast_buffers and self.world_size > 1 and iteration.communicates:
+            self.buffer_sync.start(iteration.source)
+        if not iteration.communicates:
+            return
+        self.current.life.shadowed()
+        self.start_round()
+        self.intake.shadow()
+
+    # -- forward hooks --------------------------------------------------------------------
+    def _before_root(self, module: nn.Module, args: Any) -> None:
+        if self.closed:
+            return
+        self.close_round()
+        if not self.exchange.plan_for(self.round + 1).cross_barrier:
+            self.synchronize()
+        else:  # a gradient no step claimed would have the next backward pass added to it on the wire
+            unclaimed = [i for i in range(len(self.params)) if self.exchange.in_flight(i)
+                         and not self.updates.pending(i)]
+            if unclaimed:
+                self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
+        self.current.life.forward()
+        self.active_at = time.monotonic()
+        if self.sync.training(torch.is_grad_enabled()):  # a training iteration begins
+            self.exposure.iteration_began(time.perf_counter(), self.exchange.waited_s)
+            if self.exposure.count % 50 == 0 and self.rank == 0:
+                say_exposure(self.exposure, self.exchange.plan_for(self.round + 1).policy, self.planner.trial)
+        self.current.grad_scale = None
+        training, sync_buffers = self.sync.forward_began(torch.is_grad_enabled())
+        source = 0
+        if training and not self.uneven.enabled:  # a round no step() followed (no optimizer; two backward
+            self.planner.control_point(self.round)  # passes per step); inside join(): in announce()
+        if self.uneven.enabled:  # the joined ranks shadow what the iteration says: buffers synced as it trains
+            iteration = self.uneven.announce(self.round, training)
+            source, self.current.grad_scale = iteration.source, self.uneven.grad_scale(iteration)
+            sync_buffers = training
+        if self.config.broadcast_buffers and self.world_size > 1 and sync_buffers:
+            self.buffer_sync.start(source)
+        self.current.ran.clear()
+        self.current.timing = timing = RoundTiming()
+        timing.forward_start = self.clock.stamp(timing, "forward_start")
+
+    def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.sync.forward_ended(torch.is_grad_enabled())
+        self.current.timing.forward_end = self.clock.stamp(self.current.timing, "forward_end")
+        if self.trace:
+            self._trace_forward(self.current.timing.forward_end)
+
+    def _trace_forward(self, now: float) -> None:
+        """Close the forward span of the module that ran last."""
+        if self._tracing_module is not None:
+            name, start = self._tracing_module
+            self.trace.span("forward", name, start, now)
+            self._tracing_module = None
+
+    def _before_module(self, module: nn.Module, args: Any) -> None:
+        if self.closed:
+            return
+        self.current.ran.add(id(module))
+        self.buffer_sync.before(module)
+        idx = self.waits.of.get(module)
+        if not idx:
+            return
+        name = self.waits.name[module]
+        timing = self.current.timing
+        first = name not in timing.module_starts
+        entered = time.perf_counter()
+        if first:
+            timing.module_starts[name] = self.clock.stamp(timing, ("module", name))
+        if any(self.updates.pending(i) for i in idx):
+            self.updates.wait_and_apply(idx, f"module {name}")
+            if first:
+                timing.module_waits[name] = time.perf_counter() - entered
+        if self.trace:
+            now = time.perf_counter()
+            self._trace_forward(entered)
+            self._tracing_module = (name or type(module).__name__, now)
