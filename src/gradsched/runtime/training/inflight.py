@@ -136,10 +136,13 @@ class Handover:
         if not value >= 0:
             raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
         value = float(value)
-        for i, p in enumerate(self.params):
+        now = []
+        for i in range(len(self.params)):
             if self.exchange.in_flight(i):
                 self.clamps[i] = min(value, self.clamps.get(i, value))
             else:
-                self.settle([i])
-                if p.grad is not None:
-                    p.grad.clamp_(-value, value)
+                now.append(i)
+        self.settle(now)  # at once: on CUDA one stream wait per message, not per gradient
+        for i in now:
+            if self.params[i].grad is not None:
+                self.params[i].grad.clamp_(-value, value)

@@ -69,12 +69,15 @@ class DeferredUpdates:
         self.apply(now)
 
     def request_zero(self, set_to_none: bool) -> None:
-        for i, p in enumerate(self.params):
+        now = []
+        for i in range(len(self.params)):
             if self.exchange.in_flight(i) or i in self.update:
                 self.zero[i] = set_to_none
             else:
-                self.handover.settle([i])
-                clear_grad(p, set_to_none)
+                now.append(i)
+        self.handover.settle(now)  # at once: on CUDA one stream wait per message, not per gradient
+        for i in now:
+            clear_grad(self.params[i], set_to_none)
 
     def wait_and_apply(self, indices: Sequence[int], what: str) -> None:
         """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
