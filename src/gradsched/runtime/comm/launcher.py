@@ -34,6 +34,7 @@ from gradsched.core.following import RoundFollower
 from gradsched.core.plan import Plan, PlannedMessage
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.comm.board import Board
+from gradsched.runtime.comm.broadcast import flat_by_dtype, unflatten_into
 from gradsched.runtime.comm.completion import Completion
 from gradsched.runtime.comm.jobs import Job, Jobs
 from gradsched.runtime.comm.layout import BufferLayout, Layouts
@@ -66,10 +67,7 @@ _ANY_ROUND = "any round"  # what the launcher waits for between rounds
 def _copy_back(buffer: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> torch.Tensor:
     """A message that travelled in a copy: its result back into the gradients it was made of."""
     future.value()  # raises if the transport failed
-    offset = 0
-    for view in views:
-        view.copy_(buffer[offset : offset + view.numel()])
-        offset += view.numel()
+    unflatten_into(views, buffer)
     return buffer
 
 
@@ -245,11 +243,8 @@ class Launcher:
         elif len(views) == 1:
             buffers = [views[0]]
         else:  # copied into one buffer per dtype: one operation per dtype, in a fixed order
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for view in views:
-                by_dtype.setdefault(view.dtype, []).append(view)
-            copied = [by_dtype[d] for d in sorted(by_dtype, key=str)]
-            buffers = [torch.cat(group) for group in copied]
+            grouped = flat_by_dtype(views)
+            copied, buffers = [m for m, _ in grouped], [flat for _, flat in grouped]
         launched_at = time.perf_counter()
         futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
                                         on_sent=partial(self._sent, state, k))

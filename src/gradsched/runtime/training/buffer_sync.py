@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of
+from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of, flat_by_dtype, unflatten_into
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.streams import record, wait_for
 from gradsched.runtime.errors import failing_rank
@@ -34,11 +34,7 @@ WHAT = "broadcasting buffers"
 
 def _copy_back(members: Sequence[torch.Tensor], flat: torch.Tensor, future: torch.futures.Future) -> torch.Tensor:
     future.value()  # raises if the broadcast failed
-    offset = 0
-    with torch.no_grad():
-        for t in members:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+    unflatten_into(members, flat)
     return flat
 
 
@@ -48,13 +44,8 @@ def broadcast_async(tensors: Sequence[torch.Tensor], source: int, group: dist.Pr
     per dtype (as :func:`~gradsched.runtime.comm.broadcast.broadcast_flat`), without waiting; the
     futures complete once copied back. ``after``: the training stream's event (CUDA)."""
     wait_for(device, [after])
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_dtype.setdefault(t.dtype, []).append(t)
     futures = []
-    for dtype in sorted(by_dtype, key=str):
-        members = by_dtype[dtype]
-        flat = torch.cat([t.detach().reshape(-1) for t in members])
+    for members, flat in flat_by_dtype(tensors):
         work = dist.broadcast(flat, group_src=source, group=group, async_op=True)
         futures.append(work.get_future().then(partial(_copy_back, members, flat)))
     return futures
