@@ -5,7 +5,9 @@
 
 NCCL allows one rank per GPU, so the parts that need a reduction that is not the identity run
 two gloo ranks with CUDA tensors on the one GPU; the others run one NCCL rank (a real
-communicator and stream). Every part runs in processes of its own, with its own time limit.
+communicator and stream). Every part runs in processes of its own, with its own time limit,
+forked from a server that imported torch once and never touched CUDA (multiprocessing's
+forkserver): fresh processes, without an interpreter's start-up per part.
 
   reduction     2 ranks, different data: gradients produced on a side stream behind a long
                 ``torch.cuda._sleep``, read on a third stream right after ``backward()``,
@@ -104,7 +106,7 @@ def run_part(part: str, device: str, quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         context = mp.start_processes(_rank_main, (spec.world, free_port(), backend, device, part, quick, out),
-                                     spec.world, join=False, start_method="spawn")
+                                     spec.world, join=False, start_method="forkserver")
         deadline = time.monotonic() + spec.timeout_s
         try:
             while not context.join(timeout=1.0):
@@ -648,8 +650,9 @@ def part_overhead(device: torch.device, quick: bool) -> list[dict]:
 
     cuda = device.type == "cuda"
     batch, size, iters = (64, 224, 30) if cuda else (4, 32, 6)
-    if quick:
-        iters = max(iters // 2, 4)
+    warmup = 3
+    if quick:  # on CPU nothing here is judged: the rows only show the part runs
+        iters, warmup = (15, 3) if cuda else (2, 1)
     x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
     rows = []
@@ -663,13 +666,13 @@ def part_overhead(device: torch.device, quick: bool) -> list[dict]:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         times = []
-        for i in range(iters + 3):
+        for i in range(iters + warmup):
             start = time.perf_counter()
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             _sync(device)
-            if i >= 3:
+            if i >= warmup:
                 times.append(time.perf_counter() - start)
         if hasattr(model, "synchronize"):
             model.synchronize()
@@ -717,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     started = time.monotonic()
+    mp.set_forkserver_preload(["__main__", "torch", "torch.distributed", "torch._dynamo", "gradsched.runtime"])
     rows = []
     for part in parts:
         spec = PARTS[part]

@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 # The conformance suite's runner modules are imported by its child processes only: suite.py
 # imports PyTorch's ported DDP tests, which read BACKEND and WORLD_SIZE at import.
-collect_ignore = ["conformance/suite.py", "conformance/target.py", "conformance/run.py"]
+collect_ignore = ["conformance/suite.py", "conformance/target.py", "conformance/run.py",
+                  "workers"]  # the rank programs, run by the multi-process tests (workers/launch.py)
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import pytest
 
 from gradsched.control import ArmsExperiment, arm_kinds
 from gradsched.tune import Tuner, default_space
-from launch import run_ranks
+from workers.launch import run_ranks
 
 
 @pytest.mark.parametrize("world,servers", [(2, 0), pytest.param(3, 1, marks=pytest.mark.slow)])
 def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, servers):
     out = tmp_path / "out.json"
-    results = run_ranks("autotune.py", world, str(out), "--servers", str(servers), timeout=180)
+    results = run_ranks("autotune", world, str(out), "--servers", str(servers), timeout=180)
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
     reports = json.loads(out.read_text())

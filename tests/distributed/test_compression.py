@@ -18,13 +18,13 @@ import json
 
 import pytest
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_compressed_runs_match_ddp_with_the_compression_hook(tmp_path, world):
     out = tmp_path / "out.json"
-    for r in run_ranks("compressed.py", world, str(out), timeout=300):
+    for r in run_ranks("compressed", world, str(out), timeout=300):
         assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["ours_fp16_hook_vs_torchs"] == 0.0

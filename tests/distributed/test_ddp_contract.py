@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 TOLERANCE = 1e-6
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
@@ -23,7 +23,7 @@ POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 
 def run(tmp_path, policy: str, api: str) -> list[dict]:
     out = tmp_path / f"{policy}-{api}"
-    results = run_ranks("contract.py", 2, str(out), "--policy", policy, "--api", api, timeout=180)
+    results = run_ranks("contract", 2, str(out), "--policy", policy, "--api", api, timeout=180)
     reports = []
     for rank, result in enumerate(results):
         assert result.returncode == 0, result.stderr[-4000:]

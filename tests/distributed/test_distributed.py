@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import free_port, run_ranks
+from workers.launch import free_port, run_ranks
 
 TOLERANCE = 1e-5
 
@@ -34,7 +34,7 @@ def check_ranks(results) -> None:
 
 def test_every_policy_and_optimizer_matches_ddp_on_two_ranks(tmp_path):
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("train_compare.py", 2, str(out), "--optimizers", "sgd,adam,adamw-groups,rmsprop",
+    check_ranks(run_ranks("train_compare", 2, str(out), "--optimizers", "sgd,adam,adamw-groups,rmsprop",
                           timeout=240))
     ranks = load(out)["ranks"]
     assert len(ranks[0]) == 16
@@ -51,7 +51,7 @@ def test_falls_back_to_ddp_buckets_where_scheduling_cannot_help(tmp_path):
     measured trial must say so and the run must switch to fifo plans, with the same results.
     The simulator's prediction of the same comparison is reported too."""
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("train_compare.py", 2, str(out), "--fallback", "--policies", "priority",
+    check_ranks(run_ranks("train_compare", 2, str(out), "--fallback", "--policies", "priority",
                           "--optimizers", "adam", "--steps", "18", timeout=240))
     for rank in load(out)["ranks"]:
         result = rank["priority/adam"]
@@ -65,7 +65,7 @@ def test_falls_back_to_ddp_buckets_where_scheduling_cannot_help(tmp_path):
 
 def test_three_ranks_with_random_backward_delays(tmp_path):
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("train_compare.py", 3, str(out), "--delays", "--optimizers", "sgd,adamw-groups",
+    check_ranks(run_ranks("train_compare", 3, str(out), "--delays", "--optimizers", "sgd,adamw-groups",
                           timeout=240))
     ranks = load(out)["ranks"]
     assert sorted(ranks[0]) == sorted(f"{p}/{o}" for p in ALL_POLICIES for o in ("sgd", "adamw-groups"))
@@ -79,7 +79,7 @@ def test_the_cuda_paths_completion_thread_trains_as_ddp(tmp_path):
     path, gradsched.runtime.comm.completion), here on gloo with CPU tensors and random backward
     delays: every policy still equals DDP."""
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("train_compare.py", 2, str(out), "--delays", "--optimizers", "adamw-groups",
+    check_ranks(run_ranks("train_compare", 2, str(out), "--delays", "--optimizers", "adamw-groups",
                           timeout=240, env={"GRADSCHED_ORDERED_COMPLETION": "1"}))
     ranks = load(out)["ranks"]
     assert sorted(ranks[0]) == sorted(f"{p}/adamw-groups" for p in ALL_POLICIES)
@@ -93,7 +93,7 @@ def test_collective_order_is_identical_under_torch_debug_detail(tmp_path):
     before it runs. (DDP itself crashes under DETAIL in this torch build, so ranks are
     compared with each other here; the tests above compare with DDP.)"""
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("train_compare.py", 3, str(out), "--no-ddp", "--delays", "--optimizers", "adam",
+    check_ranks(run_ranks("train_compare", 3, str(out), "--no-ddp", "--delays", "--optimizers", "adam",
                           env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=240))
     ranks = load(out)["ranks"]
     assert sorted(ranks[0]) == sorted(f"{p}/adam" for p in ALL_POLICIES)
@@ -102,14 +102,14 @@ def test_collective_order_is_identical_under_torch_debug_detail(tmp_path):
 
 
 def test_the_order_check_catches_a_mismatch():
-    results = run_ranks("mismatch.py", 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=60)
+    results = run_ranks("mismatch", 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=60)
     assert all(r.returncode != 0 for r in results)
     assert any("mismatch between collectives" in r.stderr for r in results)
 
 
 def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("features.py", 2, str(out),
+    check_ranks(run_ranks("features", 2, str(out),
                           "unused,frozen,tied,accumulate,clip,buffers,checkpoint,world-errors", timeout=240))
     ranks = load(out)
     report = ranks[0]
@@ -137,7 +137,7 @@ def test_unused_frozen_tied_accumulation_clipping_checkpoints(tmp_path):
 
 
 def test_a_dead_rank_makes_the_others_fail_quickly():
-    results = run_ranks("death.py", 2, timeout=90)
+    results = run_ranks("death", 2, timeout=90)
     survivor = results[0]
     # 3 from the script; gloo may instead abort the process while it exits with a dead peer
     assert survivor.returncode != 0, survivor.stderr[-3000:]
@@ -154,7 +154,7 @@ def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path
     won = []
     for attempt in range(3):
         out = tmp_path / f"out{attempt}.json"
-        results = run_ranks("winning.py", 2, str(out), timeout=120)
+        results = run_ranks("winning", 2, str(out), timeout=120)
         check_ranks(results)
         reports = load(out)
         for report in reports:
@@ -176,7 +176,8 @@ def test_a_hung_rank_makes_the_others_fail_after_the_timeout(how):
     """A rank that stops responding (its connections stay open: it sleeps, or is stopped
     with SIGSTOP) is noticed only through ``timeout``: the others raise then, naming the
     wait, not before and not much after."""
-    results = run_ranks("death.py", 2, timeout=90, env={how: "15", "TIMEOUT": "3"})
+    # the victim is back (or killed) after 10 s: past the window the survivor must have raised in
+    results = run_ranks("death", 2, timeout=90, env={how: "10", "TIMEOUT": "3"})
     survivor = results[0]
     assert survivor.returncode != 0, survivor.stderr[-3000:]
     report = json.loads(survivor.stdout.strip().splitlines()[-1])
@@ -210,7 +211,7 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
     and an uneven epoch under join() after the hand-off included, through both APIs; the
     user's module keeps its class."""
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("handoff.py", 2, str(out), timeout=240))
+    check_ranks(run_ranks("handoff", 2, str(out), timeout=240))
     ranks = load(out)
     for rank, report in enumerate(ranks):
         for api, result in report.items():

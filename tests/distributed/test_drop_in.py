@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import HERE, run_ranks
+from workers.launch import HERE, run_ranks
 
 TOLERANCE = 1e-5
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
@@ -29,7 +29,7 @@ CLIPPING = {  # torch's clipping line -> gradsched's (the one documented line th
 
 
 def switched(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
-    """ddp_script.py with exactly the lines in ``replace`` changed, next to it (it imports its helpers)."""
+    """workers/ddp_script.py with exactly the lines in ``replace`` changed, written to ``tmp_path``."""
     text = (HERE / "ddp_script.py").read_text()
     ours = text
     for old, new in replace.items():
@@ -38,7 +38,7 @@ def switched(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
     changed = [line for line in difflib.unified_diff(text.splitlines(), ours.splitlines(), lineterm="", n=0)
                if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert len(changed) == 2 * len(replace)
-    path = HERE / f"_switched_{name}_{tmp_path.name}.py"
+    path = tmp_path / f"switched_{name}.py"
     path.write_text(ours)
     return path
 
@@ -57,23 +57,19 @@ def differences(a: dict, b: dict) -> float:
 
 @pytest.fixture
 def gradsched_script(tmp_path):
-    path = switched(tmp_path, "import", {DDP_IMPORT: OURS})
-    yield path.name
-    path.unlink()
+    return str(switched(tmp_path, "import", {DDP_IMPORT: OURS}))
 
 
 @pytest.fixture
 def gradsched_clipping_script(tmp_path):
-    path = switched(tmp_path, "clipping", {DDP_IMPORT: OURS, **CLIPPING})
-    yield path.name
-    path.unlink()
+    return str(switched(tmp_path, "clipping", {DDP_IMPORT: OURS, **CLIPPING}))
 
 
 @pytest.mark.parametrize("extra", [pytest.param((), marks=pytest.mark.slow), ("--amp", "--clip", "0.05")],
                          ids=["plain", "amp-clip"])  # CI: the harder one
 def test_a_ddp_script_switched_in_one_line_equals_ddp(tmp_path, gradsched_script, extra):
-    reference = train("ddp_script.py", tmp_path / "ddp.pt", *extra)
-    start = train("ddp_script.py", tmp_path / "none.pt", *extra, "--steps", "0")
+    reference = train("ddp_script", tmp_path / "ddp.pt", *extra)
+    start = train("ddp_script", tmp_path / "none.pt", *extra, "--steps", "0")
     moved = differences(reference, start)
     assert moved > 5e-2
     for policy in POLICIES:
@@ -84,9 +80,9 @@ def test_a_ddp_script_switched_in_one_line_equals_ddp(tmp_path, gradsched_script
 def test_checkpoints_move_between_ddp_and_gradsched(tmp_path, gradsched_script):
     """A DDP checkpoint (keys with ``module.``) resumes under gradsched, and a gradsched one
     under DDP; both end where the uninterrupted DDP run ends."""
-    reference = train("ddp_script.py", tmp_path / "ddp.pt", "--amp", "--clip", "0.05")
+    reference = train("ddp_script", tmp_path / "ddp.pt", "--amp", "--clip", "0.05")
     ddp_ckpt, our_ckpt = tmp_path / "ddp-ckpt.pt", tmp_path / "our-ckpt.pt"
-    train("ddp_script.py", tmp_path / "half.pt", "--amp", "--clip", "0.05", "--save-at", "3", str(ddp_ckpt))
+    train("ddp_script", tmp_path / "half.pt", "--amp", "--clip", "0.05", "--save-at", "3", str(ddp_ckpt))
     resumed = train(gradsched_script, tmp_path / "resumed.pt", "--amp", "--clip", "0.05", "--resume", str(ddp_ckpt),
                     policy="prophet")
     assert differences(resumed, reference) <= TOLERANCE
@@ -94,7 +90,7 @@ def test_checkpoints_move_between_ddp_and_gradsched(tmp_path, gradsched_script):
                  policy="bytescheduler")
     assert differences(ours, reference) <= TOLERANCE
     assert all(k.startswith("module.") for k in torch.load(our_ckpt)["model"])
-    back = train("ddp_script.py", tmp_path / "back.pt", "--amp", "--clip", "0.05", "--resume", str(our_ckpt))
+    back = train("ddp_script", tmp_path / "back.pt", "--amp", "--clip", "0.05", "--resume", str(our_ckpt))
     assert differences(back, reference) <= TOLERANCE
 
 
@@ -103,8 +99,8 @@ def test_checkpoints_move_between_ddp_and_gradsched(tmp_path, gradsched_script):
 def test_gradscheds_clipping_calls_equal_torchs_under_ddp(tmp_path, gradsched_clipping_script, extra):
     """model.clip_grad_norm_ (waits for every reduction) and model.clip_grad_value_ (waits for
     none: each gradient is clamped once reduced) in place of torch's, with AMP."""
-    reference = train("ddp_script.py", tmp_path / "ddp.pt", "--amp", *extra)
-    unclipped = train("ddp_script.py", tmp_path / "unclipped.pt", "--amp")
+    reference = train("ddp_script", tmp_path / "ddp.pt", "--amp", *extra)
+    unclipped = train("ddp_script", tmp_path / "unclipped.pt", "--amp")
     assert differences(reference, unclipped) > 1e-2  # the clipping bites
     for policy in ("fifo", "prophet"):
         ours = train(gradsched_clipping_script, tmp_path / f"{policy}.pt", "--amp", *extra, policy=policy)
@@ -117,7 +113,7 @@ def test_a_compiled_model_equals_ddp_with_compile(tmp_path):
     import json
 
     out = tmp_path / "out.json"
-    for r in run_ranks("compiled.py", 2, str(out), timeout=300):
+    for r in run_ranks("compiled", 2, str(out), timeout=300):
         assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["moved"] > 1e-2

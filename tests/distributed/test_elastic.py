@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import ELASTIC_EXAMPLE, moved_by_elastic_example
 
-from launch import free_port
+from workers.launch import free_port
 
 psutil = pytest.importorskip("psutil")
 EXAMPLE = ELASTIC_EXAMPLE

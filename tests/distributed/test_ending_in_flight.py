@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import pytest
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 ABORT = "terminate called without an active exception"
 
 
 def ended(delay: float, *extra: str) -> list:
-    return run_ranks("ending.py", 2, str(delay), *extra, timeout=120)
+    return run_ranks("ending", 2, str(delay), *extra, timeout=120, fresh=True)  # how an interpreter ends
 
 
 def test_a_script_that_ends_with_gradients_in_flight_exits_cleanly():

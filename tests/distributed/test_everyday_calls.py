@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 TOLERANCE = 1e-6
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
@@ -22,7 +22,7 @@ POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 
 def reports(tmp_path, scenarios: str, world: int) -> list[dict]:
     out = tmp_path / "report.json"
-    for result in run_ranks("everyday_calls.py", world, str(out), scenarios, timeout=400):
+    for result in run_ranks("everyday_calls", world, str(out), scenarios, timeout=400):
         assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text())
 

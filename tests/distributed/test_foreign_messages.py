@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 from gradsched.runtime.comm import wire_format
-from launch import run_ranks
+from workers.launch import run_ranks
 
 
 def test_foreign_messages_are_refused_and_never_unpickled(tmp_path):
     out, marker = tmp_path / "out.json", tmp_path / "exploited"
-    results = run_ranks("foreign.py", 2, str(out), str(marker), timeout=120)
+    results = run_ranks("foreign", 2, str(out), str(marker), timeout=120)
     assert all(r.returncode == 0 for r in results), [r.stderr[-3000:] for r in results]
     server = json.loads((tmp_path / "out.json.1").read_text())
     pickled, newer, typed, truncated, kind, size = server["errors"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 
 def test_fused_adamw_with_grad_scaler_equals_ddp(tmp_path):
     out = tmp_path / "fused"
-    results = run_ranks("fused_amp.py", 2, str(out), timeout=240)
+    results = run_ranks("fused_amp", 2, str(out), timeout=240)
     for rank, result in enumerate(results):
         assert result.returncode == 0, result.stderr[-4000:]
         runs = torch.load(tmp_path / f"fused.rank{rank}.pt")

@@ -15,16 +15,16 @@ import os
 import pytest
 import torch
 
-from launch import HERE, run_ranks
+from workers.launch import TESTS, run_ranks
 
 MUTANT = {"GRADSCHED_MUTANT": "no-reduction",
-          "PYTHONPATH": os.pathsep.join([str(HERE.parent / "mutant"), os.environ.get("PYTHONPATH", "")])}
+          "PYTHONPATH": os.pathsep.join([str(TESTS / "mutant"), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_the_mutant_is_what_it_says(tmp_path):
     """Under the mutant each rank keeps its own gradient: the ranks' weights drift apart."""
     out = tmp_path / "report.json"
-    for result in run_ranks("everyday_calls.py", 2, str(out), "group", timeout=300, env=MUTANT):
+    for result in run_ranks("everyday_calls", 2, str(out), "group", timeout=300, env=MUTANT):
         assert result.returncode == 0, result.stderr[-4000:]
     for report in json.loads(out.read_text()):
         for policy in ("fifo", "priority", "bytescheduler", "prophet"):
@@ -36,7 +36,7 @@ def test_the_ddp_contract_tests_fail_on_the_mutant(tmp_path, api):
     from test_ddp_contract import TOLERANCE
 
     out = tmp_path / "contract"
-    for result in run_ranks("contract.py", 2, str(out), "--policy", "prophet", "--api", api, timeout=180, env=MUTANT):
+    for result in run_ranks("contract", 2, str(out), "--policy", "prophet", "--api", api, timeout=180, env=MUTANT):
         assert result.returncode == 0, result.stderr[-4000:]
     worst = 0.0
     for rank in range(2):
@@ -56,12 +56,9 @@ def test_the_drop_in_script_test_fails_on_the_mutant(tmp_path):
     from test_drop_in import TOLERANCE, differences, switched, DDP_IMPORT, OURS
 
     path = switched(tmp_path, "mutant", {DDP_IMPORT: OURS})
-    try:
-        outs = {}
-        for name, script in (("ddp", "ddp_script.py"), ("ours", path.name)):
-            outs[name] = tmp_path / f"{name}.pt"
-            for result in run_ranks(script, 2, str(outs[name]), timeout=180, env=dict(MUTANT, GRADSCHED_POLICY="fifo")):
-                assert result.returncode == 0, result.stderr[-4000:]
-        assert differences(torch.load(outs["ours"]), torch.load(outs["ddp"])) > 100 * TOLERANCE
-    finally:
-        path.unlink()
+    outs = {}
+    for name, script in (("ddp", "ddp_script"), ("ours", str(path))):
+        outs[name] = tmp_path / f"{name}.pt"
+        for result in run_ranks(script, 2, str(outs[name]), timeout=180, env=dict(MUTANT, GRADSCHED_POLICY="fifo")):
+            assert result.returncode == 0, result.stderr[-4000:]
+    assert differences(torch.load(outs["ours"]), torch.load(outs["ddp"])) > 100 * TOLERANCE

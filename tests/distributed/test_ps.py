@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 TOLERANCE = 1e-5
 
@@ -31,14 +31,14 @@ def test_every_policy_matches_ddp_with_parameter_servers(tmp_path, world, server
     out = tmp_path / "out.json"
     policies, optimizers = ["fifo", "priority", "bytescheduler", "prophet"], ["sgd", "adam"]
     extra = ["--delays"] if delays else []
-    check(run_ranks("ps_compare.py", world, str(out), "--servers", str(servers), *extra, timeout=240), out,
+    check(run_ranks("ps_compare", world, str(out), "--servers", str(servers), *extra, timeout=240), out,
           policies, optimizers)
 
 
 def test_servers_answering_in_pieces_of_a_few_hundred_bytes_match_ddp(tmp_path):
     """Every chunk cut into many pieces (up to 64), each summed and answered on its own."""
     out = tmp_path / "out.json"
-    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "2", "--policies", "fifo,prophet", "--optimizers",
+    check(run_ranks("ps_compare", 4, str(out), "--servers", "2", "--policies", "fifo,prophet", "--optimizers",
                     "adam", timeout=240, env={"GRADSCHED_PS_PIECE_BYTES": "256"}), out, ["fifo", "prophet"], ["adam"])
 
 
@@ -47,7 +47,7 @@ def test_three_workers_one_server(tmp_path):
     """A server averaging 3 workers: plain SGD, whose step is proportional to the average
     (a divisor of 2 or 4 would show), against DDP over the 3 workers."""
     out = tmp_path / "out.json"
-    check(run_ranks("ps_compare.py", 4, str(out), "--servers", "1", "--optimizers", "sgd", timeout=240), out,
+    check(run_ranks("ps_compare", 4, str(out), "--servers", "1", "--optimizers", "sgd", timeout=240), out,
           ["fifo", "priority", "bytescheduler", "prophet"], ["sgd"])
 
 
@@ -58,7 +58,7 @@ def test_compression_with_parameter_servers(tmp_path, compression):
     accuracy: the mean distance from uncompressed DDP at most DDP + hook's (plus 1e-7), and
     at most 1e-3 from DDP + hook anywhere. 2 workers + 1 server, SGD."""
     out = tmp_path / "out.json"
-    results = run_ranks("ps_compare.py", 3, str(out), "--servers", "1", "--optimizers", "sgd",
+    results = run_ranks("ps_compare", 3, str(out), "--servers", "1", "--optimizers", "sgd",
                         "--compression", compression, timeout=240)
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
@@ -72,7 +72,7 @@ def test_compression_with_parameter_servers(tmp_path, compression):
 
 @pytest.mark.parametrize("victim,what", [(1, "a worker"), pytest.param(2, "the server", marks=pytest.mark.slow)])
 def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
-    results = run_ranks("death.py", 3, timeout=90, env={"VICTIM": str(victim), "SERVERS": "1"})
+    results = run_ranks("death", 3, timeout=90, env={"VICTIM": str(victim), "SERVERS": "1"})
     assert results[victim].returncode == -9
     for rank, r in enumerate(results):
         if rank == victim:

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from launch import run_ranks
+from workers.launch import run_ranks
 
 TOLERANCE = 1e-6
 SLOW = pytest.mark.slow
@@ -25,7 +25,7 @@ SLOW = pytest.mark.slow
 def train(tmp_path, name: str, world: int, *args: str, ok: bool = True, agent_store: bool = False) -> list[dict]:
     """Run uneven.py; return each worker's report, with its final state under "state"."""
     out = tmp_path / name
-    results = run_ranks("uneven.py", world, str(out), *args, timeout=150, agent_store=agent_store)
+    results = run_ranks("uneven", world, str(out), *args, timeout=150, agent_store=agent_store)
     reports = []
     for rank, result in enumerate(results):
         path = tmp_path / f"{name}.rank{rank}.json"

@@ -1,5 +1,5 @@
 """GradschedStrategy against Lightning's own DDPStrategy, with the real Lightning, 2 gloo
-ranks (lightning_worker.py): automatic optimisation with gradient_clip_val and
+ranks (workers/with_lightning.py): automatic optimisation with gradient_clip_val and
 accumulate_grad_batches, bf16-mixed, manual optimisation with clipping, an LR scheduler from
 configure_optimizers; ``ddp_comm_hook=fp16_compress_hook`` against DDPStrategy with the same hook
 (registered on CPU); resume from a mid-run checkpoint, under gradsched and under DDP.
@@ -13,13 +13,13 @@ import pytest
 
 pytest.importorskip("lightning", reason="the lightning extra is not installed: pip install 'gradsched[lightning]'")
 
-from worker_launch import run_worker  # noqa: E402
+from workers.launch import run_worker
 
 TOLERANCE = 1e-6
 
 
 def test_gradsched_strategy_equals_ddp_strategy(tmp_path):
-    report = run_worker("lightning_worker.py", tmp_path)
+    report = run_worker("with_lightning", tmp_path)
     assert report["clipping_bites"] > 1e-3
     assert all(moved > 1e-2 for moved in report["moved"].values())
     assert len(report["cases"]) == 3 * 4 + 2 + 2

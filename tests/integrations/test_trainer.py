@@ -1,6 +1,6 @@
 """GradschedTrainer against the Hugging Face Trainer with PyTorch's DDP, with the real
 transformers and Accelerate (a 2-layer BERT, random init, nothing downloaded), 2 gloo ranks
-(trainer_worker.py): gradient accumulation, max_grad_norm, evaluation every 2 steps, a checkpoint
+(workers/with_trainer.py): gradient accumulation, max_grad_norm, evaluation every 2 steps, a checkpoint
 saved mid-run that loads with from_pretrained.
 
 Tolerance: 1e-6 absolute (weights move by about 1e-2; the runs are identical here).
@@ -12,14 +12,14 @@ import pytest
 
 pytest.importorskip("transformers", reason="the accelerate extra is not installed: pip install 'gradsched[accelerate]'")
 
-from worker_launch import run_worker  # noqa: E402
+from workers.launch import run_worker
 
 TOLERANCE = 1e-6
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 
 
 def test_gradsched_trainer_equals_the_trainer_with_ddp(tmp_path):
-    report = run_worker("trainer_worker.py", tmp_path)
+    report = run_worker("with_trainer", tmp_path)
     assert report["moved"] > 1e-3
     assert len(report["ddp_evals"]) == 3 and "model.safetensors" in report["ddp_checkpoint"]
     for policy in POLICIES:

@@ -1,7 +1,7 @@
 """Worker: one LightningModule trained with Lightning's DDPStrategy and with
 GradschedStrategy for every policy, 2 ranks; rank 0 writes the largest difference per case.
 
-    python lightning_worker.py OUT.json CKPT_DIR
+    python -m workers.with_lightning OUT.json CKPT_DIR
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from gradsched.integrations.lightning import GradschedStrategy
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/distributed")
-from launch import finish_with_report  # noqa: E402
-from train_compare import SMALL  # noqa: E402  (the policies' options sized for small models)
+from workers.launch import finish_with_report
+from workers.train_compare import SMALL  #(the policies' options sized for small models)
 
 POLICIES = tuple(SMALL)
 

@@ -2,7 +2,7 @@
 compression hook (PyTorch's fp16_compress_hook; for bf16, gradsched's equivalent, since
 PyTorch's bf16_compress_hook needs CUDA and NCCL). Rank 0 writes the largest difference.
 
-    python compressed.py OUT.json [--steps N]
+    python -m workers.compressed OUT.json [--steps N]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
 from gradsched.runtime.comm.compression import ddp_hook
-from launch import finish_with_report
-from train_compare import SMALL, Net, batches, make_optimizer, train
+from workers.launch import finish_with_report
+from workers.train_compare import SMALL, Net, batches, make_optimizer, train
 
 HOOKS = {"fp16": fp16_compress_hook, "bf16": ddp_hook(torch.bfloat16)}
 

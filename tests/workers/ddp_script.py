@@ -4,7 +4,7 @@ with ``model.no_sync()``, an LR scheduler, AMP's GradScaler, global-norm clippin
 and the final weights saved from ``model.module``. test_drop_in.py runs it as it is, and with
 its import of DDP replaced by gradsched's: that one line is the whole switch.
 
-    python ddp_script.py OUT.pt [--clip C] [--clip-value V] [--amp] [--steps N] [--save-at K CKPT] [--resume CKPT]
+    python -m workers.ddp_script OUT.pt [--clip C] [--clip-value V] [--amp] [--steps N] [--save-at K CKPT] [--resume CKPT]
 """
 
 import argparse
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from launch import finish
+from workers.launch import finish
 
 
 class Net(nn.Module):

@@ -1,7 +1,7 @@
 """DDP's contract, scenario by scenario, on every rank: PyTorch's DDP first, then gradsched the
 same way (``gradsched.DistributedDataParallel``, or ``gradsched.wrap`` with --api wrap).
 
-    python contract.py OUT --policy P [--api ddp|wrap]
+    python -m workers.contract OUT --policy P [--api ddp|wrap]
 
 Each scenario returns named tensors (gradients read right after ``backward()``, parameters
 after training) and flags; rank r writes ``{scenario: {"ddp": ..., "ours": ...}}`` to
@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradsched
 from gradsched.runtime import GradschedError
-from launch import finish
+from workers.launch import finish
 
 
 class TwoLayers(nn.Module):

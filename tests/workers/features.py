@@ -1,6 +1,6 @@
 """Worker: gradsched against DDP on the harder cases, one scenario after another.
 
-    python features.py OUT.json SCENARIO[,SCENARIO...]
+    python -m workers.features OUT.json SCENARIO[,SCENARIO...]
 
 Scenarios: unused, frozen, tied, accumulate, clip, buffers, checkpoint, world-errors.
 Each reports the largest difference to its DDP reference (parameters and buffers) and how
@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish_with_every_report
+from workers.launch import finish_with_every_report
 from gradsched.runtime import GradschedError
 
 POLICIES = ["fifo", "bytescheduler", "prophet"]

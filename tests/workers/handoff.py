@@ -4,7 +4,7 @@ trains as DDP does, through both APIs, no_sync() and BatchNorm buffers included,
 epoch of uneven inputs under join() at the end (rank 0 has 3 more batches than rank 1:
 DDP's own join, the joined rank shadowing with zeros).
 
-    python handoff.py OUT.json
+    python -m workers.handoff OUT.json
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish_with_report
-from train_compare import SMALL, Net, against, batches, seeded_reference
+from workers.launch import finish_with_report
+from workers.train_compare import SMALL, Net, against, batches, seeded_reference
 
 STEPS = 24
 ACCUMULATE = (18, 19)  # these steps add a no_sync() micro-batch before the one that communicates

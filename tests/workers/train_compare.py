@@ -1,6 +1,6 @@
 """Worker: train the same model with DDP and with gradsched on every rank; report differences.
 
-    python train_compare.py OUT.json [--policies ...] [--optimizers ...] [--steps N] [--delays]
+    python -m workers.train_compare OUT.json [--policies ...] [--optimizers ...] [--steps N] [--delays]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish
+from workers.launch import finish
 
 SMALL = {
     "fifo": {"bucket_cap_bytes": 4096, "first_bucket_bytes": 1024},

@@ -1,7 +1,7 @@
 """Worker: a policy that wins its measured trial against the buckets keeps its own plans,
 and still trains as DDP does; rank 0 writes each rank's report.
 
-    python winning.py OUT.json
+    python -m workers.winning OUT.json
 
 Six 1024x1024 layers (24 MiB of gradients) whose backward passes each take 10 ms (a
 sleep, as a device would compute, leaving the CPU to communication): DDP-style buckets
@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish_with_report
+from workers.launch import finish_with_report
 
 STEPS = 30
 

@@ -1,7 +1,7 @@
 """A fused optimizer under AMP's GradScaler, on every rank: PyTorch's DDP, then gradsched's two
 ways in under every policy, each from the same start.
 
-    python fused_amp.py OUT.pt
+    python -m workers.fused_amp OUT.pt
 
 Fused AdamW unscales inside its own kernel: GradScaler hands it the scale and the overflow
 flag as attributes around ``step()``, and a step with an overflow must be skipped. Step 2
@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradsched
-from launch import finish
+from workers.launch import finish
 
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 STEPS = 10

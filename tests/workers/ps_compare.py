@@ -1,7 +1,7 @@
 """Worker or server: train with parameter servers (the last SERVERS ranks) and, on the
 workers, with DDP over the workers only; report differences.
 
-    python ps_compare.py OUT.json --servers S [--policies ...] [--optimizers ...] [--delays] [--compression C]
+    python -m workers.ps_compare OUT.json --servers S [--policies ...] [--optimizers ...] [--delays] [--compression C]
 
 With --compression, the reference is DDP with the matching compression hook, and each case
 also reports its mean distance from uncompressed DDP ("mean_error"), with DDP + hook's
@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradsched.runtime.comm.compression import WIRE, ddp_hook
-from launch import finish
-from train_compare import against, batches, make_optimizer, seeded_reference, train, wrapped
+from workers.launch import finish
+from workers.train_compare import against, batches, make_optimizer, seeded_reference, train, wrapped
 
 
 def main() -> None:

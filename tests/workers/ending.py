@@ -2,7 +2,7 @@
 close(), no destroy_process_group(). Rank 1 starts its last iteration DELAY seconds late,
 so rank 0's last gradients are still on the wire when its script ends.
 
-    python ending.py DELAY [--without-exit-handler]
+    python -m workers.ending DELAY [--without-exit-handler]
 """
 
 import atexit

@@ -1,7 +1,7 @@
 """Worker: the calls real DDP scripts and the libraries built on DDP make, with
 ``gradsched.DistributedDataParallel`` in DDP's place, each against torch's DDP on the same data.
 
-    python everyday_calls.py OUT.json SCENARIO[,SCENARIO...]
+    python -m workers.everyday_calls OUT.json SCENARIO[,SCENARIO...]
 
 Scenarios (2 ranks unless said):
 
@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradsched
-from launch import finish_with_every_report
+from workers.launch import finish_with_every_report
 
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
 SMALL = {"fifo": {}, "priority": {"partition_bytes": 2048},

@@ -4,7 +4,7 @@ Accelerate with its DDP and with gradsched's ``prepare`` for every policy, 2 ran
 ``accelerator.save_state`` mid-run under gradsched resumes under DDP. Rank 0 writes the
 largest difference per case.
 
-    python accelerate_worker.py OUT.json CKPT_DIR
+    python -m workers.with_accelerate OUT.json CKPT_DIR
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from gradsched.integrations.accelerate import GradschedAccelerator, prepare
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/distributed")
-from launch import finish_with_report  # noqa: E402
+from workers.launch import finish_with_report
 
 SMALL = {  # sized for this model (about 100k parameters)
 "fifo": {"bucket_cap_bytes": 8192, "first_bucket_bytes": 2048}, "priority": {"partition_bytes": 4096},

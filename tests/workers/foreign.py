@@ -19,13 +19,12 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(__file__))
-from launch import finish_with_report  # noqa: E402
+from workers.launch import finish_with_report
 
-import gradsched  # noqa: E402
-from gradsched.core.plan import Plan, PlannedMessage  # noqa: E402
-from gradsched.runtime.comm import wire_format  # noqa: E402
-from gradsched.runtime.comm.wire_format import PlanUpdate, WireFormatError  # noqa: E402
+import gradsched
+from gradsched.core.plan import Plan, PlannedMessage
+from gradsched.runtime.comm import wire_format
+from gradsched.runtime.comm.wire_format import PlanUpdate, WireFormatError
 
 out, marker = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")

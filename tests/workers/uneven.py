@@ -1,6 +1,6 @@
 """Uneven inputs: worker rank r trains on STEPS + EXTRA * r steps, inside join() (or not).
 
-    python uneven.py OUT --impl ddp|gradsched|wrap [--policy P] [--workers-only] [--divide-by-active]
+    python -m workers.uneven OUT --impl ddp|gradsched|wrap [--policy P] [--workers-only] [--divide-by-active]
         [--find-unused] [--accumulate K] [--servers S] [--throw] [--no-join [--then exit|barrier]]
 
 ``ddp`` is PyTorch's DDP with ``model.join()``, the reference; ``gradsched`` is
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
-from launch import finish
+from workers.launch import finish
 
 
 class Net(nn.Module):

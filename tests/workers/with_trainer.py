@@ -4,7 +4,7 @@ evaluation every 2 steps, a checkpoint saved mid-run. Rank 0 writes the largest 
 difference per case, the evaluation losses, and whether each checkpoint loads into a plain model
 that equals the run's weights at that step.
 
-    python trainer_worker.py OUT.json OUT_DIR
+    python -m workers.with_trainer OUT.json OUT_DIR
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from transformers import BertForSequenceClassification, Trainer, TrainingArgumen
 
 from gradsched.integrations.transformers import GradschedTrainer
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/distributed")
-from launch import finish_with_report  # noqa: E402
-from accelerate_worker import SMALL, model  # noqa: E402  (the tiny BERT, and the policies' options sized for it)
+from workers.launch import finish_with_report
+from workers.with_accelerate import SMALL, model  #(the tiny BERT, and the policies' options sized for it)
 
 POLICIES = tuple(SMALL)
 

@@ -1,6 +1,6 @@
 """Worker: torch.compile with gradsched against torch.compile with DDP, 2 ranks.
 
-    python compiled.py OUT.json [--backend aot_eager] [--steps N]
+    python -m workers.compiled OUT.json [--backend aot_eager] [--steps N]
 
 For each policy, the model is compiled before the wrap (``gradsched.DistributedDataParallel(
 torch.compile(model))``) and after it (``torch.compile(gradsched.DistributedDataParallel(model))``);
@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish_with_report
-from train_compare import SMALL, Net, batches
+from workers.launch import finish_with_report
+from workers.train_compare import SMALL, Net, batches
 
 
 def train(model, data) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """Worker: train with online autotuning on every rank, then the same with DDP over the
 workers; rank 0 writes each worker's report (with the largest difference to DDP).
 
-    python autotune.py OUT.json [--servers S]
+    python -m workers.autotune OUT.json [--servers S]
 """
 
 import argparse
@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
-from launch import finish
+from workers.launch import finish
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
