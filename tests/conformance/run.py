@@ -31,7 +31,8 @@ MUTANT_LABEL = "gradsched, no reduction (mutant)"
 
 
 def child_env(target: str, policy: str | None, test_timeout: int) -> dict[str, str]:
-    path = [str(HERE)] + ([str(HERE.parent / "mutant")] if target == MUTANT else [])
+    path = [str(HERE)] + ([str(HERE.parent / "mutant")] if target == MUTANT else []) + \
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # a source tree named there is kept
     env = dict(os.environ, BACKEND="gloo", WORLD_SIZE="2",
                GRADSCHED_CONFORMANCE_TARGET="gradsched" if target == MUTANT else target,
                OMP_NUM_THREADS="1",  # one intra-op thread per rank: sums in a fixed order
