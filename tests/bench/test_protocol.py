@@ -15,8 +15,18 @@ def test_runs_name_their_variants():
     assert Run.named("ddp-bf16").is_ddp and not Run.named("fifo").is_ddp
     assert [Run.named(n, 1.0, 3).name for n in ("ddp+clip", "prophet+autotune", "fifo")] == \
         ["ddp+clip", "prophet+autotune", "fifo"]
+    assert Run.named("prophet+sharded") == Run("prophet", sharded=True) and Run("fifo", sharded=True).name == "fifo+sharded"
     with pytest.raises(ValueError, match="unknown run variant"):
         Run.named("prophet+fast")
+
+
+def test_sharded_rows_follow_each_policy_beside_all_reduce_only():
+    config = BenchConfig(model="replay-mini", policies=("ddp", "ddp-zero", "prophet"), sharded=True)
+    assert config.runs == ["ddp", "ddp-zero", "prophet", "prophet+sharded"]
+    assert WorkerConfig.from_json(_payload(config, None, None)).runs[3] == Run("prophet", sharded=True)
+    for wrong in ({"arch": "ps", "servers": 1, "policies": ("fifo",)}, {"compression": "bf16"}):
+        with pytest.raises(ValueError, match="--sharded runs beside all-reduce"):
+            BenchConfig(model="replay-mini", sharded=True, **wrong)
 
 
 def test_the_payload_round_trips():

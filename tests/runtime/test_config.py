@@ -25,7 +25,7 @@ def test_defaults_and_keywords():
     ({"trial_rounds": 2}, ValueError, "trial_rounds must be >= 3"),
     ({"timeout": 0}, ValueError, "timeout must be > 0"),
     ({"fallback_gain": 1.0}, ValueError, r"fallback_gain must be < 1"),
-    ({"architecture": "ring"}, ValueError, "architecture must be 'allreduce' or 'ps'"),
+    ({"architecture": "ring"}, ValueError, "architecture must be 'allreduce', 'ps' or 'sharded'"),
     ({"architecture": "ps"}, ValueError, "needs servers >= 1, got 0"),
     ({"servers": 2}, ValueError, "servers only apply to architecture='ps'"),
 ])

@@ -60,6 +60,21 @@ def add_parser(sub) -> None:
     bench.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     bench.add_argument("--batch", type=int, default=32, help="batch of replay models' profiles (default 32)")
     bench.add_argument("--device", default="v100", help="device preset of replay models' profiles (default v100)")
+    _add_variants(bench)
+    bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
+    bench.add_argument("--timeout", default="30min", help="give up after this long per bandwidth (default 30min)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    bench.add_argument("--plot", help="write a PNG (speed-up and ratio to the bound against bandwidth)")
+    bench.add_argument("--check", action="store_true",
+                       help="only say whether the emulated cluster can run here (exit 0) or why not (exit 1)")
+    bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
+    bench.add_argument("--timeline", metavar="PNG",
+                       help="write one iteration of DDP (fifo with --arch ps) and of the fastest policy on a shared "
+                            "time axis, from the runs' traces (of the last bandwidth measured)")
+
+
+def _add_variants(bench) -> None:
+    """What else runs beside each policy as it is: options changed, variants' rows."""
     bench.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
                        help="change a policy option, e.g. prophet.fuse_bytes=8MiB (repeatable)")
     bench.add_argument("--no-fallback", action="store_true",
@@ -71,16 +86,9 @@ def add_parser(sub) -> None:
                             "baselines (DDP with the matching compression hook)")
     bench.add_argument("--clip", type=float, default=0.0, metavar="MAX_NORM",
                        help="also run ddp and each policy clipping gradients to this global norm ('+clip' rows)")
-    bench.add_argument("--loopback", action="store_true", help="skip the emulated network: loopback, no limit")
-    bench.add_argument("--timeout", default="30min", help="give up after this long per bandwidth (default 30min)")
-    bench.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    bench.add_argument("--plot", help="write a PNG (speed-up and ratio to the bound against bandwidth)")
-    bench.add_argument("--check", action="store_true",
-                       help="only say whether the emulated cluster can run here (exit 0) or why not (exit 1)")
-    bench.add_argument("--trace-dir", help="write each policy's Chrome traces (one per rank) into this folder")
-    bench.add_argument("--timeline", metavar="PNG",
-                       help="write one iteration of DDP (fifo with --arch ps) and of the fastest policy on a shared "
-                            "time axis, from the runs' traces (of the last bandwidth measured)")
+    bench.add_argument("--sharded", action="store_true",
+                       help="also run each policy with architecture='sharded' ('+sharded' rows: every rank owns 1/n "
+                            "of the parameters and optimizer state)")
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
@@ -101,7 +109,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         latency_s=parse_duration(args.latency), policies=policies, iters=args.iters, warmup=args.warmup,
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
-        servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip,
+        servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip, sharded=args.sharded,
         compression=args.compression, dilation=_dilation(args.dilation), mtu=args.mtu,
     )
 

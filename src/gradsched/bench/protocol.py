@@ -19,7 +19,7 @@ SERVERS_ONLY = "communication only through the servers"
 
 # -- what the runner tells every rank (the worker's one argument) ----------------------------------
 
-CLIP, AUTOTUNE = "clip", "autotune"  # the variants of a run, after a "+" in its name
+CLIP, AUTOTUNE, SHARDED = "clip", "autotune", "sharded"  # the variants of a run, after a "+" in its name
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,12 @@ class Run:
     policy: str  # "ddp", "ddp-bf16", or a gradsched policy
     clip: float = 0.0  # > 0: clip gradients to this global norm ("+clip")
     autotune_trials: int = 0  # > 0: tuned online with this many candidates ("+autotune")
+    sharded: bool = False  # architecture="sharded" ("+sharded")
 
     @property
     def name(self) -> str:
-        return self.policy + (f"+{CLIP}" if self.clip else f"+{AUTOTUNE}" if self.autotune_trials else "")
+        return self.policy + (f"+{CLIP}" if self.clip else f"+{AUTOTUNE}" if self.autotune_trials
+                              else f"+{SHARDED}" if self.sharded else "")
 
     @property
     def is_ddp(self) -> bool:
@@ -40,11 +42,13 @@ class Run:
 
     @classmethod
     def named(cls, name: str, clip: float = 0.0, autotune_trials: int = 0) -> Run:
-        """The run a row is named for: ``name`` is ``policy``, ``policy+clip`` or ``policy+autotune``."""
+        """The run a row is named for: ``name`` is ``policy``, ``policy+clip``, ``policy+autotune``
+        or ``policy+sharded``."""
         policy, _, variant = name.partition("+")
-        if variant not in ("", CLIP, AUTOTUNE):
+        if variant not in ("", CLIP, AUTOTUNE, SHARDED):
             raise ValueError(f"unknown run variant {variant!r} in {name!r}")
-        return cls(policy, clip if variant == CLIP else 0.0, autotune_trials if variant == AUTOTUNE else 0)
+        return cls(policy, clip if variant == CLIP else 0.0, autotune_trials if variant == AUTOTUNE else 0,
+                   variant == SHARDED)
 
 
 @dataclass(frozen=True)

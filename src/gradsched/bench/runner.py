@@ -31,7 +31,8 @@ from .processes import Processes, free_port, read_result, starts
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run, WorkerConfig
 from .workloads import workload
 
-BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16")  # the last two: DDP with a compression hook
+# ddp-bf16/-fp16: DDP with a compression hook; ddp-zero: DDP with torch's ZeroRedundancyOptimizer
+BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16", "ddp-zero")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class BenchConfig:
     servers: int = 0
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
     clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
+    sharded: bool = False  # each gradsched policy also runs with architecture="sharded" ("+sharded" rows)
     compression: str | None = None  # "bf16"/"fp16": gradsched's policies run with wrap(compression=...)
     procs_per_node: int = 1  # ranks per emulated host (a namespace, one tc-limited link shared by its ranks)
     launcher: str = "direct"  # "direct": the runner starts every rank; "torchrun": one torchrun per host
@@ -77,6 +79,8 @@ class BenchConfig:
                                  "policy over the servers: drop them from --policy")
         elif self.servers:
             raise ValueError("--servers only applies to --arch ps")
+        if self.sharded and (self.arch != "allreduce" or self.compression is not None):
+            raise ValueError("--sharded runs beside all-reduce, uncompressed: drop --arch ps and --compression")
         if isinstance(self.procs_per_node, bool) or not isinstance(self.procs_per_node, int) \
                 or self.procs_per_node < 1:
             raise ValueError(f"--procs-per-node must be a whole number >= 1, got {self.procs_per_node!r}")
@@ -129,6 +133,8 @@ class BenchConfig:
                 runs.append(policy + "+autotune")
             if self.clip and policy in ("ddp", *POLICIES):
                 runs.append(policy + "+clip")
+            if self.sharded and policy in POLICIES:
+                runs.append(policy + "+sharded")
         return runs
 
     @property
@@ -263,8 +269,9 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
         }
         run = Run.named(policy)
         base = run.policy
-        # predict what actually ran (the simulator does not model clipping's wait for every reduction)
-        if work.table is not None and base not in BASELINES and not run.clip:
+        # predict what actually ran (the simulator does not model clipping's wait for every
+        # reduction, nor sharding's two phases yet)
+        if work.table is not None and base not in BASELINES and not run.clip and not run.sharded:
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset

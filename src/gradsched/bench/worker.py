@@ -34,7 +34,7 @@ from gradsched.runtime.comm.ps import cut, message_tag
 from .ddp_trace import DdpTracer
 from .host import HostCpu
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
-from .workloads import workload
+from .workloads import ReplayOptimizer, workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
 TRIAL_ROUNDS = 5
@@ -73,6 +73,25 @@ def _ddp(model, bucket_cap_mb: float, policy: str) -> DDP:
                 "bf16": default_hooks.bf16_compress_hook if cuda else ddp_hook(torch.bfloat16)}[wire]
         ddp.register_comm_hook(None, hook)
     return ddp
+
+
+def _zero(model: torch.nn.Module, template: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``template``'s optimizer as torch's ZeroRedundancyOptimizer (each rank steps and keeps the
+    state of its share of the parameters, then broadcasts them)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(template, ReplayOptimizer):
+        kwargs = {"pacer": template.pacer, "bytes_per_second": template.bytes_per_second}
+    else:
+        kwargs = dict(template.defaults)
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **kwargs)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer holds as state on this rank (measured, not computed)."""
+    local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: its rank's own optimizer
+    return sum(v.numel() * v.element_size() for state in local.state.values() for v in state.values()
+               if torch.is_tensor(v))
 
 
 class _Rank:
@@ -117,12 +136,15 @@ class _Rank:
         return _stepper(model, opt, self.load, self.work.loss, run.clip if run is not None else 0.0)
 
     def ddp(self, run: Run) -> dict:
-        """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured."""
+        """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured;
+        ddp-zero: with the optimizer's state sharded by torch's ZeroRedundancyOptimizer."""
         name = run.name
         caps = DDP_TUNED_CAPS_MB if run.policy == "ddp-tuned" else (25,)
         best = None
         for cap in caps:
             model, opt = self.fresh()
+            if run.policy == "ddp-zero":
+                opt = _zero(model, opt)
             ddp = _ddp(model, cap, run.policy)
             # traced where asked: plain DDP only (a compression hook is its own hook)
             tracer = DdpTracer(ddp, self.rank) if self.config.trace_dir and name == "ddp" else None
@@ -131,12 +153,12 @@ class _Rank:
             if tracer is not None:
                 tracer.save(f"{self.config.trace_dir}/{name}.json")
             if best is None or statistics.median(times) < best[0]:
-                best = (statistics.median(times), cap, times)
+                best = (statistics.median(times), cap, times, optimizer_state_bytes(opt))
         if len(caps) > 1:  # re-measure the winner over the full count
             model, opt = self.fresh()
             best = (0.0, best[1], self._timed(name, self.step(_ddp(model, best[1], run.policy), opt, run),
-                                              self.iters, 1))
-        return {"times": best[2], "bucket_cap_mb": best[1]}
+                                              self.iters, 1), best[3])
+        return {"times": best[2], "bucket_cap_mb": best[1], "optimizer_state_bytes": best[3]}
 
     def gradsched(self, run: Run) -> dict | None:
         """A gradsched policy (None on a parameter server, which only served it)."""
@@ -144,7 +166,8 @@ class _Rank:
         model, opt = self.fresh()
         base, tune = run.policy, run.autotune_trials
         trace = f"{config.trace_dir}/{run.name}.json" if config.trace_dir else None
-        ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else {}
+        ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else \
+            {"architecture": "sharded"} if run.sharded else {}
         model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config.profile_rounds,
                                     compression=config.compression,
                                     fallback=config.fallback, trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
@@ -156,9 +179,10 @@ class _Rank:
         times = self._timed(run.name, self.step(model, opt, run), self.iters, self.warmup + opt.stats.settled_round,
                             self.group)
         stats = opt.stats.as_dict()
+        state = optimizer_state_bytes(opt)
         opt.close()
         return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
-                "trial": stats["trial"], "autotune": stats["autotune"]}
+                "trial": stats["trial"], "autotune": stats["autotune"], "optimizer_state_bytes": state}
 
     def _buckets(self) -> tuple[list[int], int]:
         """Elements of each 25 MiB bucket, as DDP sends them, and the gradient bytes."""

@@ -114,9 +114,11 @@ class ReplayOptimizer(torch.optim.Optimizer):
     """SGD with momentum as a replay: each ``step()`` is one device op of the time the update
     takes at the device's memory bandwidth (five passes over the updated parameters: read
     parameter, gradient and momentum, write parameter and momentum). Parameters stay as
-    they are, so the CPU does no arithmetic a GPU would do; the Python around it is real."""
+    they are, so the CPU does no arithmetic a GPU would do; the Python around it is real, and
+    so is the momentum's memory (a buffer per parameter, as SGD's state holds it)."""
 
     PASSES = 5
+    gradsched_elementwise = True  # an update of a shard costs the shard's bytes (architecture="sharded")
 
     def __init__(self, params, pacer: Pacer, bytes_per_second: float) -> None:
         super().__init__(params, {"lr": 1e-3})
@@ -125,7 +127,13 @@ class ReplayOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
-        nbytes = sum(p.numel() * p.element_size() for g in self.param_groups for p in g["params"] if p.grad is not None)
+        nbytes = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    nbytes += p.numel() * p.element_size()
+                    if "momentum_buffer" not in self.state[p]:  # held as SGD holds it (never computed on)
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
         if nbytes:
             self.pacer.wait(self.PASSES * nbytes / self.bytes_per_second)
 

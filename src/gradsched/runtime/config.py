@@ -86,7 +86,8 @@ class RuntimeConfig:
 
     # -- roles (docs/runtime.md, "Parameter servers") --
     architecture: str = "allreduce"  # or "ps": the last `servers` ranks are parameter servers; on a server rank
-    #   wrap() serves until the workers close their optimizers, destroys the process group and exits (status 0)
+    #   wrap() serves until the workers close their optimizers, destroys the process group and exits (status 0);
+    #   or "sharded": every rank owns 1/n of each parameter and of its optimizer state (docs/runtime.md, "Sharded")
     servers: int = 0  # parameter servers (architecture="ps" only)
     exit_server: bool = True  # False: a server rank returns (model, None) once the workers are done instead of
     #   ending the process (to serve several wraps in turn)
@@ -106,10 +107,10 @@ class RuntimeConfig:
             (self.autotune_trials >= 2, "autotune_trials must be >= 2 (the starting options and a candidate), "
                                         f"got {self.autotune_trials}"),
             (self.fallback_gain < 1.0, f"fallback_gain must be < 1, got {self.fallback_gain}"),
-            (self.architecture in ("allreduce", "ps"),
-             f"architecture must be 'allreduce' or 'ps', got {self.architecture!r}"),
+            (self.architecture in ("allreduce", "ps", "sharded"),
+             f"architecture must be 'allreduce', 'ps' or 'sharded', got {self.architecture!r}"),
             (self.architecture != "ps" or self.servers >= 1, f"architecture='ps' needs servers >= 1, got {self.servers}"),
-            (self.architecture != "allreduce" or not self.servers, "servers only apply to architecture='ps'"),
+            (self.architecture == "ps" or not self.servers, "servers only apply to architecture='ps'"),
             (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
             (self.compression in (None, "bf16", "fp16"),
@@ -119,6 +120,12 @@ class RuntimeConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    @property
+    def plan_architecture(self) -> str:
+        """What plans model the link as: a sharded message is one collective over the data group,
+        its time measured as an all-reduce's is (the link estimate learns its bytes' speed)."""
+        return "ps" if self.architecture == "ps" else "allreduce"
 
     def _check_types(self) -> None:
         accepted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}

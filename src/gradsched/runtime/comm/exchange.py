@@ -15,7 +15,7 @@ The exchange owns all of these, and is the training thread's only way to them.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -51,6 +51,7 @@ class Exchange:
         transport: Transport,
         timeout_s: float,
         on_event: Callable[..., None] | None = None,
+        layout: Callable[[Plan], Any] | None = None,
     ) -> None:
         self.board = board = Board(tensors, like)
         self.tensors = board.tensors
@@ -59,7 +60,7 @@ class Exchange:
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
-        self._layouts = Layouts(board.index, board.like, versions)
+        self._layouts = Layouts(board.index, board.like, versions, layout)
         completion = completion_for(board.device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()

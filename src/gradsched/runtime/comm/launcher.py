@@ -34,7 +34,7 @@ from gradsched.core.following import RoundFollower
 from gradsched.core.plan import Plan, PlannedMessage
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.comm.board import Board
-from gradsched.runtime.comm.broadcast import flat_by_dtype, unflatten_into
+from gradsched.runtime.comm.broadcast import unflatten_into
 from gradsched.runtime.comm.completion import Completion
 from gradsched.runtime.comm.jobs import Job, Jobs
 from gradsched.runtime.comm.layout import BufferLayout, Layouts
@@ -64,11 +64,12 @@ class RoundState:
 _ANY_ROUND = "any round"  # what the launcher waits for between rounds
 
 
-def _copy_back(buffer: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> torch.Tensor:
-    """A message that travelled in a copy: its result back into the gradients it was made of."""
+def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> torch.Tensor:
+    """A message that travelled in a copy: its result back where it belongs (the gradients it
+    was made of; under sharding, this rank's shard of them)."""
     future.value()  # raises if the transport failed
-    unflatten_into(views, buffer)
-    return buffer
+    unflatten_into(views, result)
+    return result
 
 
 class Launcher:
@@ -227,29 +228,19 @@ class Launcher:
             self._waiting = None
             k, idle = state.follower.launch()
             message = state.plan.messages[k]
-            fused = state.layout.fused.get(k)
-            views = [] if fused is not None else [
-                board.grads[board.index[name]].view(-1)[offset : offset + numel]
-                for name, offset, numel in message.slices]
+            grads = [board.grads[board.index[name]] for name in message.tensors]
             produced = latest_per_stream(board.produced[board.index[name]] for name in dict.fromkeys(message.tensors))
-            return k, message, views, fused, idle, produced
+            return k, message, grads, idle, produced
 
-    def _launch(self, state: RoundState, k: int, message: PlannedMessage, views: list[torch.Tensor],
-                fused: torch.Tensor | None, idle: bool, produced: list[Any]) -> None:
+    def _launch(self, state: RoundState, k: int, message: PlannedMessage, grads: list[torch.Tensor],
+                idle: bool, produced: list[Any]) -> None:
         wait_for(self.board.device, produced)  # CUDA: what follows runs after the streams that wrote the gradients
-        copied: list[list[torch.Tensor]] | None = None  # per buffer, the gradient views it was made of
-        if fused is not None:  # the gradients already live, in order, in the message's range
-            buffers = [fused]
-        elif len(views) == 1:
-            buffers = [views[0]]
-        else:  # copied into one buffer per dtype: one operation per dtype, in a fixed order
-            grouped = flat_by_dtype(views)
-            copied, buffers = [m for m, _ in grouped], [flat for _, flat in grouped]
+        buffers, results, targets = state.layout.pack(k, message, grads)
         launched_at = time.perf_counter()
         futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
                                         on_sent=partial(self._sent, state, k))
-        if copied is not None:
-            futures = [f.then(partial(_copy_back, b, v)) for f, b, v in zip(futures, buffers, copied)]
+        if targets is not None:
+            futures = [f.then(partial(_copy_back, r, v)) for f, r, v in zip(futures, results, targets)]
         with self.board.cond:
             state.futures[k] = futures
             if self.on_event:

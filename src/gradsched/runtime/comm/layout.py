@@ -10,11 +10,12 @@ dtypes) are copied into a temporary buffer and back.
 from __future__ import annotations
 
 import threading
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from gradsched.core.plan import Plan
+from gradsched.core.plan import Plan, PlannedMessage
+from gradsched.runtime.comm.broadcast import flat_by_dtype
 from gradsched.runtime.comm.plans import Adopted, PlanVersions
 
 BufferKey = tuple[torch.dtype, torch.device]
@@ -49,15 +50,31 @@ class BufferLayout:
             if consecutive and all(r[0] == key for r in ranges):
                 self.fused[k] = flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]
 
+    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list | None, list | None]:
+        """Message ``k``'s buffers (``grads``: the gradients of its slices, in order): (the
+        buffers to reduce, where their results are, the views those go back to; both None
+        where the buffers are the gradients' own memory)."""
+        fused = self.fused.get(k)
+        if fused is not None:  # the gradients already live, in order, in the message's range
+            return [fused], None, None
+        views = [g.view(-1)[offset : offset + numel] for g, (_, offset, numel) in zip(grads, message.slices)]
+        if len(views) == 1:
+            return views, None, None
+        grouped = flat_by_dtype(views)  # copied into one buffer per dtype: one operation each, in a fixed order
+        buffers = [flat for _, flat in grouped]
+        return buffers, buffers, [members for members, _ in grouped]
+
 
 class Layouts:
     """The layout of every plan a round may still follow, made when first asked for (by the
     training thread, for homes, or by the launcher) and dropped with the plan."""
 
-    def __init__(self, index: Mapping[str, int], like: Sequence[torch.Tensor], versions: PlanVersions) -> None:
+    def __init__(self, index: Mapping[str, int], like: Sequence[torch.Tensor], versions: PlanVersions,
+                 make: Callable[[Plan], Any] | None = None) -> None:
         self.index = index
         self.like = like
         self.versions = versions  # read under the exchange's lock, which callers hold
+        self.make = make or (lambda plan: BufferLayout(plan, index, like))  # a plan's layout (sharded: its own)
         self._lock = threading.Lock()
         self._made: dict[int, BufferLayout] = {}  # plan version -> layout
 
@@ -66,7 +83,7 @@ class Layouts:
             layout = self._made.get(adopted.version)
             if layout is None:
                 self._made = {v: l for v, l in self._made.items() if v in self.versions}
-                layout = self._made[adopted.version] = BufferLayout(adopted.plan, self.index, self.like)
+                layout = self._made[adopted.version] = self.make(adopted.plan)
             return layout
 
     def clear(self) -> None:

@@ -31,7 +31,6 @@ stream.
 
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Callable, Mapping, Sequence
 
@@ -44,7 +43,7 @@ from gradsched.runtime.comm import wire_format
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.comm.wire_format import PlanUpdate
 from gradsched.runtime.comm.plans import Adopted, PlanVersions
-from gradsched.runtime.comm.transport import MessageKey, Reduced, BaseTransport
+from gradsched.runtime.comm.transport import Waiter, MessageKey, Reduced, BaseTransport
 
 HEADER_TAG = 0
 MAX_DTYPES = 16
@@ -90,42 +89,6 @@ def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype]) 
     if len(totals) > MAX_DTYPES:
         raise GradschedError(f"a message holds more than {MAX_DTYPES} dtypes")
     return [(d, totals[d]) for d in sorted(totals, key=str)]
-
-
-class Waiter:
-    """Waits, on a thread of its own, for groups of operations in the order they were
-    started, and completes one future per group (with an exception if one failed)."""
-
-    def __init__(self, describe: Callable[[object, BaseException], BaseException] | None = None) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._describe = describe
-        self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
-        self._thread.start()
-
-    def track(self, works: Sequence[dist.Work], tag: object = None, result: object = None) -> torch.futures.Future:
-        """A future completed with ``result`` once every one of ``works`` completed."""
-        future: torch.futures.Future = torch.futures.Future()
-        self._queue.put((list(works), future, tag, result))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            works, future, tag, result = item
-            try:
-                for work in works:
-                    work.wait()
-            except Exception as exc:  # noqa: BLE001 - delivered through the future
-                future.set_exception(self._describe(tag, exc) if self._describe else exc)
-            else:
-                future.set_result(result)
-
-    def stop(self, timeout_s: float) -> None:
-        """Finish what was queued, then end the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout=timeout_s)
 
 
 def _if_done(future: torch.futures.Future, then: Callable[[], None]) -> None:

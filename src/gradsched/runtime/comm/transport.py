@@ -22,6 +22,8 @@ Which one a rank uses is chosen in one place, :func:`gradsched.runtime.comm.tran
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 import torch
@@ -83,3 +85,40 @@ class AllReduce(BaseTransport):
 
     def close(self, wait: bool) -> None:
         self.group = None
+
+
+class Waiter:
+    """Waits, on a thread of its own, for groups of operations in the order they were
+    started, and completes one future per group (with an exception if one failed): futures
+    for operations whose work has none (gloo's point-to-point operations and reduce-scatter)."""
+
+    def __init__(self, describe: Callable[[object, BaseException], BaseException] | None = None) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._describe = describe
+        self._thread = threading.Thread(target=self._run, name="gradsched-waiter", daemon=True)
+        self._thread.start()
+
+    def track(self, works: Sequence[dist.Work], tag: object = None, result: object = None) -> torch.futures.Future:
+        """A future completed with ``result`` once every one of ``works`` completed."""
+        future: torch.futures.Future = torch.futures.Future()
+        self._queue.put((list(works), future, tag, result))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            works, future, tag, result = item
+            try:
+                for work in works:
+                    work.wait()
+            except Exception as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(self._describe(tag, exc) if self._describe else exc)
+            else:
+                future.set_result(result)
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish what was queued, then end the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)

@@ -1,6 +1,7 @@
 """The one place that chooses how a rank's messages travel: all-reduce among the workers, or
-push and pull through parameter servers, either of them compressed on the wire; or a DDP
-communication hook (all-reduce only, uncompressed: the hook chooses what travels)."""
+push and pull through parameter servers, either of them compressed on the wire; a
+reduce-scatter to the shards' owners (``architecture="sharded"``); or a DDP communication hook
+(all-reduce only, uncompressed: the hook chooses what travels)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from gradsched.runtime.comm.comm_hook import HookTransport, wire_dtype_of
 from gradsched.runtime.comm.compression import Compressed, wire_dtype
 from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.comm.ps import PushPull
+from gradsched.runtime.comm.sharded import ReduceScatter
 from gradsched.runtime.comm.transport import AllReduce, Transport
 
 
 def make_transport(topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
                    versions: PlanVersions, compression: str | None,
-                   comm_hook: tuple[Any, Callable] | None = None) -> Transport:
+                   comm_hook: tuple[Any, Callable] | None = None, sharded: bool = False) -> Transport:
     """The transport of a worker of ``topology`` whose gradients are ``params``; ``comm_hook``:
     (state, hook), the state already given gradsched's data group (gradsched.runtime.comm.comm_hook)."""
+    if sharded:
+        return ReduceScatter(topology.data)
     if comm_hook is not None:
         state, hook = comm_hook
         return HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank)

@@ -77,7 +77,8 @@ def check_comm_hook(comm_hook: Any, config: RuntimeConfig) -> None:
         raise TypeError(f"{entry()}: comm_hook must be (state, hook) with a callable hook(state, bucket)")
     if config.architecture != "allreduce":
         raise GradschedError(f"{entry()}: a communication hook runs on all-reduce messages; with "
-                             f"architecture={config.architecture!r} the servers reduce")
+                             f"architecture={config.architecture!r} "
+                             + ("the servers reduce" if config.architecture == "ps" else "messages are reduce-scattered"))
     if config.compression is not None:
         raise GradschedError(f"{entry()}: compression={config.compression!r} and a communication hook both decide "
                              "what travels: use one (PyTorch's bf16_compress_hook/fp16_compress_hook are "
@@ -107,10 +108,26 @@ def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig) -> N
     if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
         raise GradschedError(f"{entry()}: architecture='ps' moves CPU tensors over gloo for now; "
                              "use architecture='allreduce' for CUDA parameters")
+    if config.architecture == "sharded":
+        check_sharded(params, config)
     if config.architecture == "ps" and "nccl" in str(dist.get_backend()):
         raise GradschedError(f"{entry()}: architecture='ps' needs the gloo backend: NCCL matches point-to-point "
                              "operations by their order, and a server receives from every worker before it answers "
                              "(init_process_group('gloo'), or architecture='allreduce' on NCCL)")
+
+
+def check_sharded(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None:
+    """What architecture='sharded' does not do yet, said at the wrap rather than found later."""
+    refused = [
+        (any(p.device.type != "cpu" for p in params), "CUDA parameters (it runs on CPU tensors for now)"),
+        (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
+        (config.compression is not None, f"compression={config.compression!r}"),
+        (config.find_unused_parameters, "find_unused_parameters=True"),
+    ]
+    for failed, what in refused:
+        if failed:
+            raise GradschedError(f"{entry()}: architecture='sharded' does not support {what} yet; "
+                                 "use architecture='allreduce'")
 
 
 def stray_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],

@@ -159,6 +159,12 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
         self._coordinator.synchronize()
         return self._inner.state_dict()
 
+    def full_state_dict(self) -> dict[str, Any]:
+        """``state_dict()`` as the wrapped optimizer holds it without sharding: under
+        ``architecture="sharded"`` every rank's shards joined (a collective: call it on every
+        rank), loadable into a plain optimizer of the same kind; else ``state_dict()``."""
+        return self._coordinator.full_optimizer_state_dict()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self._coordinator.synchronize()
         self._inner.load_state_dict(state_dict)

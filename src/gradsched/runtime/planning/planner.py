@@ -240,7 +240,7 @@ class Planner:
             policy, plan = self.chosen, decision and decision.plan
         else:
             policy, plan = self.chosen, None
-        plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.config.architecture,
+        plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.config.plan_architecture,
                                  servers=max(1, self.config.servers))
         if arm is not None:
             self._running = (arm, plan)

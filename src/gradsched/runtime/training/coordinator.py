@@ -34,6 +34,7 @@ from gradsched.runtime.diagnostics.stats import RunStats
 from gradsched.runtime.diagnostics.tracing import RunTrace
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.planning.clock import Clock
+from gradsched.runtime.training.sharding import check_elementwise
 from gradsched.runtime.training.handoff import ReducerBackend, TorchReducer, hands_off
 from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.join import Iteration
@@ -55,6 +56,8 @@ class Coordinator:
         sparse: tuple[Sequence[str], Sequence[nn.Parameter]] = ((), ()),
         comm_hook: tuple[Any, Callable] | None = None,
     ) -> None:
+        if optimizer is not None and config.architecture == "sharded":
+            check_elementwise(optimizer)
         self.model, self.optimizer, self.policy, self.config, self.topology = model, optimizer, policy, config, topology
         self.names, self.params = list(names), list(params)
         self.rank, self.world_size = topology.rank, topology.num_workers
@@ -166,6 +169,8 @@ class Coordinator:
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
+        if self.config.architecture == "sharded":
+            check_elementwise(optimizer)
         self.optimizer = self.plane.updates.optimizer = optimizer
 
     def zero_grad(self, set_to_none: bool) -> None:
@@ -181,12 +186,21 @@ class Coordinator:
                        foreach: bool | None) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
         self._require_gradients("clip_grad_norm_")
-        return self.plane.handover.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
+        return self.plane.clipping.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
 
     def clip_grad_value(self, clip_value: float) -> None:
         """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
         self._require_gradients("clip_grad_value_")
-        self.plane.handover.clip_value(clip_value)
+        self.plane.clipping.clip_value(clip_value)
+
+    def full_optimizer_state_dict(self) -> dict:
+        """The optimizer's state as the same optimizer holds it without sharding (a collective
+        under architecture='sharded'; the optimizer's own ``state_dict()`` otherwise)."""
+        sharded = getattr(self.plane, "sharded", None)
+        if sharded is None:
+            self.synchronize()
+            return self.optimizer.state_dict()
+        return sharded.full_state_dict()
 
     def _require_gradients(self, what: str) -> None:
         if self.round == 0:

@@ -26,6 +26,7 @@ from torch import nn
 
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.plans import PlanVersions, tensor_specs
+from gradsched.runtime.comm.sharded import ShardedLayout, Shards
 from gradsched.runtime.comm.transports import make_transport, travelling_dtype
 from gradsched.runtime.diagnostics.exposure import say_exposure
 from gradsched.runtime.errors import GradschedError
@@ -37,6 +38,7 @@ from gradsched.runtime.training.inflight import Handover
 from gradsched.runtime.training.intake import Intake
 from gradsched.runtime.training.join import Iteration, UnevenInputs
 from gradsched.runtime.training.rounds import Round
+from gradsched.runtime.training.sharding import ShardedStep
 from gradsched.runtime.training.sparse import SparseGradients
 from gradsched.runtime.training.updates import DeferredUpdates
 from gradsched.runtime.training.waits import ModuleWaits
@@ -52,11 +54,16 @@ class Plane:
         self.sync, self.exposure, self.entry, self.explain = co.sync, co.exposure, co.entry, explain
         self.rank, self.world_size = co.rank, co.world_size
         config = co.config
-        self.tensors = tensor_specs(self.names, self.params, travelling_dtype(config.compression, comm_hook))
-        versions = PlanVersions(initial_plan(self.tensors, co.policy, config.architecture))
-        transport = make_transport(co.topology, self.names, self.params, versions, config.compression, comm_hook)
+        sharded = config.architecture == "sharded"  # plans over shards (gradsched.runtime.comm.sharded)
+        self.shards = Shards(self.names, self.params, self.rank, self.world_size) if sharded else None
+        self.tensors = self.shards.specs() if sharded else tensor_specs(
+            self.names, self.params, travelling_dtype(config.compression, comm_hook))
+        versions = PlanVersions(initial_plan(self.tensors, co.policy, config.plan_architecture))
+        transport = make_transport(co.topology, self.names, self.params, versions, config.compression, comm_hook,
+                                   sharded)
         self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
-                                 self.trace.on_exchange if self.trace else None)
+                                 self.trace.on_exchange if self.trace else None,
+                                 (lambda plan: ShardedLayout(self.shards)) if sharded else None)
         self.exchange.explain = explain
         try:  # the launcher runs: nothing of a half-built plane may outlive it
             self._build(co, sparse, explain)
@@ -71,11 +78,15 @@ class Plane:
         self.broken = False  # a round that can never complete: close() must not wait for it
         self.handover = Handover(self.params, self.exchange)
         self.updates = DeferredUpdates(co.optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
+        self.sharded = None if self.shards is None else ShardedStep(
+            self.shards, self.exchange, partial(getattr, co.topology, "data"), self.handover, self.updates,
+            config.timeout)
+        self.clipping = self.sharded or self.handover  # clip_grad_norm_, clip_grad_value_
         self.sparse = SparseGradients(*sparse, co.topology, self)  # outside the plans (gradsched.runtime.training.sparse)
         self.intake = Intake(self, config.find_unused_parameters)
         self.uneven = UnevenInputs(co)  # join(): ranks with fewer batches shadow the others
         self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
-        allreduce = config.architecture == "allreduce"  # else the data group holds the servers too
+        allreduce = config.architecture != "ps"  # else the data group holds the servers too
         self.buffer_sync = BufferSync(self.model, self.exchange,
                                       partial(getattr, co.topology, "data" if allreduce else "buffers"),
                                       allreduce, explain)
@@ -128,7 +139,9 @@ class Plane:
         """``optimizer.step()``: close the round; update each parameter once it is reduced."""
         self.close_round()
         snapshot = self.updates.snapshot()
-        if not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
+        if self.sharded is not None:  # this rank's shards, then the gathers (gradsched.runtime.training.sharding)
+            self.sharded.step(snapshot, self.exchange.plan_for(self.round))
+        elif not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
             self.synchronize()
             self.updates.apply_now(range(len(self.params)), snapshot)
         else:
@@ -146,6 +159,8 @@ class Plane:
         self.buffer_sync.wait()
         self.close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
+        if self.sharded is not None:
+            self.sharded.wait_all()
 
     def idle(self) -> bool:
         return self.exchange.error is None and not self.broken and not any(map(self.exchange.in_flight,
@@ -272,7 +287,9 @@ class Plane:
         entered = time.perf_counter()
         if first:
             timing.module_starts[name] = self.clock.stamp(timing, ("module", name))
-        if any(self.updates.pending(i) for i in idx):
+        if self.sharded is not None:
+            self.sharded.wait(idx, f"module {name}")
+        elif any(self.updates.pending(i) for i in idx):
             self.updates.wait_and_apply(idx, f"module {name}")
             if first:
                 timing.module_waits[name] = time.perf_counter() - entered

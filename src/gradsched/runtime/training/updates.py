@@ -48,6 +48,7 @@ class DeferredUpdates:
         self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
         self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
         self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
+        self.run_on: dict[int, torch.Tensor] | None = None  # sharded: id(parameter) -> the tensor stepped instead
         self._where_key: tuple = ()
         self._where_map: dict[int, tuple[int, int, torch.Tensor]] = {}
 
@@ -142,7 +143,10 @@ class DeferredUpdates:
         saved = []
         for g, (group, values) in enumerate(zip(self.optimizer.param_groups, snapshot.groups)):
             saved.append((group["params"], {k: group[k] for k in values}))
-            group["params"] = [p for _, p in sorted(members.get(g, ()), key=lambda m: m[0])]
+            chosen_here = [p for _, p in sorted(members.get(g, ()), key=lambda m: m[0])]
+            if self.run_on is not None:  # sharded: this rank's shards in their parameters' place
+                chosen_here = [self.run_on[id(p)] for p in chosen_here if id(p) in self.run_on]
+            group["params"] = chosen_here
             group.update(values)
         absent = object()
         scaling = {name: getattr(self.optimizer, name, absent) for name in snapshot.scaling}

@@ -1,0 +1,174 @@
+"""Sharded data parallelism on the data plane: every rank the owner of 1/n of every parameter.
+
+Each parameter, flattened and padded to ``n * c`` elements (``c = ceil(numel / n)``), is split
+into ``n`` equal shards; rank ``r`` owns elements ``[r * c, (r + 1) * c)`` (those past the
+parameter's end are padding). Ownership is fixed for the whole run, whatever the plans, so
+the optimizer state of a shard never moves between ranks.
+
+Plans are made over *shard coordinates*: the scheduler sees each parameter as ``c`` elements
+of ``n`` times its element size (the bytes are the whole parameter's), so a slice
+``(name, first, count)`` of a plan means elements ``[r * c + first, r * c + first + count)``
+of rank ``r``'s shard for every ``r``, and every rank's part of every message has the same
+size. A message then travels as one buffer per dtype in *rank-major* order (rank 0's parts of
+its slices, then rank 1's, ...), which is what ``reduce_scatter_tensor`` and
+``all_gather_into_tensor`` split and join:
+
+* backward: :class:`ShardedLayout` packs the gradients of a message (a copy), the
+  :class:`ReduceScatter` transport divides it by ``n`` and reduce-scatters it in place, and
+  this rank's part, the average of its shard, is copied into :attr:`Shards.grads`;
+* after the step: :meth:`Shards.gather` packs this rank's updated shard of a message and
+  all-gathers it; the result is copied back into the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from gradsched.core.plan import PlannedMessage
+from gradsched.core.task import TensorSpec
+from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced, Waiter
+
+Slice = tuple[str, int, int]  # (tensor, first element, number of elements), in shard coordinates
+
+
+class Shards:
+    """This rank's shard of every parameter: a view of the parameter's own memory (what its
+    optimizer updates) and a buffer for its averaged gradient."""
+
+    def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], rank: int, world: int) -> None:
+        self.names = list(names)
+        self.params = list(params)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.rank, self.world = rank, world
+        self.size = [math.ceil(p.numel() / world) for p in self.params]  # c: shard elements, padding included
+        self.start: list[int] = []  # where this rank's shard of each parameter begins in it (flattened)
+        self.tensors: list[torch.Tensor] = []  # this rank's shard of each parameter (may be empty)
+        self.grads: list[torch.Tensor] = []  # its averaged gradient (c elements; the valid ones first)
+        for p, c in zip(self.params, self.size):
+            start = min(rank * c, p.numel())
+            end = min(start + c, p.numel())
+            self.start.append(start)
+            self.tensors.append(p.detach().view(-1)[start:end])
+            self.grads.append(torch.zeros(c, dtype=p.dtype, device=p.device))
+        self.of_param = {id(p): i for i, p in enumerate(self.params)}
+
+    def specs(self) -> list[TensorSpec]:
+        """The scheduler's view: ``c`` elements of ``n`` times the parameter's element size each,
+        in forward (parameter) order."""
+        return [TensorSpec(name, c, layer=i, priority=i, element_size=self.world * p.element_size())
+                for i, (name, p, c) in enumerate(zip(self.names, self.params, self.size))]
+
+    def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
+        return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]
+
+    def _part(self, flat: torch.Tensor, i: int, r: int, first: int, count: int) -> list[torch.Tensor]:
+        """Elements ``[r * c + first, ... + count)`` of parameter ``i``'s flat ``flat``, padding as zeros."""
+        start = r * self.size[i] + first
+        end = min(start + count, flat.numel())
+        parts = [flat[start:end]] if end > start else []
+        missing = count - max(0, end - start)
+        if missing:
+            parts.append(flat.new_zeros(missing))
+        return parts
+
+    def pack(self, slices: Sequence[Slice], flats: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Rank-major: every rank's part of every slice of ``flats`` (one flat tensor per slice)."""
+        parts = [part for r in range(self.world) for (name, first, count), flat in zip(slices, flats)
+                 for part in self._part(flat, self.index[name], r, first, count)]
+        return torch.cat(parts)
+
+    def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
+        """Every rank's part of ``slices`` (rank-major ``gathered``) into the parameters."""
+        total = sum(count for _, _, count in slices)
+        with torch.no_grad():
+            for r in range(self.world):
+                position = r * total
+                for name, first, count in slices:
+                    i = self.index[name]
+                    flat = self.params[i].view(-1)
+                    start = r * self.size[i] + first
+                    end = min(start + count, flat.numel())
+                    if end > start:
+                        flat[start:end].copy_(gathered[position:position + end - start])
+                    position += count
+
+    def gather(self, message: PlannedMessage, group: dist.ProcessGroup) -> torch.futures.Future:
+        """All-gather the parameters of ``message`` from their owners; a future that completes
+        once they are back in the parameters (issued on the calling thread)."""
+        slices = message.slices
+        mine = torch.cat([part for name, first, count in slices
+                          for part in self._part(self.params[self.index[name]].detach().view(-1), self.index[name],
+                                                 self.rank, first, count)])
+        gathered = mine.new_empty(mine.numel() * self.world)
+        future = dist.all_gather_single(gathered, mine, group=group, async_op=True).get_future()
+
+        def unpack(done: torch.futures.Future) -> None:
+            done.value()  # raises if the collective failed
+            self.unpack(slices, gathered)
+
+        return future.then(unpack)
+
+
+class ShardedLayout:
+    """Where a message's gradients travel from under sharding: packed rank-major (a copy), per
+    dtype; nothing is fused in place, gradients stay where autograd put them."""
+
+    def __init__(self, shards: Shards) -> None:
+        self.shards = shards
+        self.homes: dict[int, torch.Tensor] = {}
+        self.fused: dict[int, torch.Tensor] = {}
+
+    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list, list]:
+        """(buffers to reduce, where this rank's results are in them, where those go), per dtype."""
+        shards = self.shards
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for k, (name, _, _) in enumerate(message.slices):
+            by_dtype.setdefault(grads[k].dtype, []).append(k)
+        buffers, results, targets = [], [], []
+        for members in by_dtype.values():
+            slices = [message.slices[k] for k in members]
+            buffer = shards.pack(slices, [grads[k].view(-1) for k in members])
+            total = buffer.numel() // shards.world
+            buffers.append(buffer)
+            results.append(buffer[shards.rank * total:(shards.rank + 1) * total])
+            targets.append(shards.grad_views(slices))
+        return buffers, results, targets
+
+
+class ReduceScatter(BaseTransport):
+    """Each buffer (rank-major, see :class:`ShardedLayout`) divided by the ranks and
+    reduce-scattered in place: this rank's part of it then holds the average of its shard."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._waiter: Waiter | None = None
+
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        for buffer in buffers:
+            buffer.div_(self.size)
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
+        futures = []
+        for buffer in buffers:
+            total = buffer.numel() // self.size
+            mine = buffer[self.rank * total:(self.rank + 1) * total]
+            work = dist.reduce_scatter_single(mine, buffer, group=self.group, async_op=True)
+            try:
+                futures.append(work.get_future())
+            except RuntimeError:  # gloo: no future for this collective
+                if self._waiter is None:
+                    self._waiter = Waiter()
+                futures.append(self._waiter.track([work], result=[mine]))
+        return futures
+
+    def close(self, wait: bool) -> None:
+        if self._waiter is not None:
+            self._waiter.stop(5.0 if wait else 0.5)
+        self.group = None

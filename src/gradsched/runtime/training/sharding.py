@@ -1,0 +1,226 @@
+"""The training thread's side of ``architecture="sharded"`` (:mod:`gradsched.runtime.comm.sharded`).
+
+* ``step()`` waits until every message of the round is reduce-scattered (this rank then holds
+  the average of its shard of every gradient), runs the user's optimizer on this rank's
+  shards only (its hyper-parameters, groups and schedulers as the user set them; its state
+  for the shards alone: 1/n of DDP's), then queues the all-gathers of the updated parameters
+  on the launcher, message by message, the first layers' first;
+* each module's forward waits only for the all-gathers of its own parameters (the Dependency
+  Proxy, guarding parameters);
+* clipping works on the shards: a global norm from the shards' norms (one small all-reduce,
+  issued in the data group's order by the launcher), values clamped shard by shard.
+
+Between steps the optimizer's state is keyed by the user's parameters, as torch keeps it,
+and holds this rank's shard of each (``optimizer.state_dict()`` is this rank's part).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from gradsched.core.plan import Plan
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.sharded import Shards
+from gradsched.runtime.errors import GradschedError
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
+
+#: Optimizers whose update of an element reads only that element (and its own state): run on
+#: a shard they give exactly what they give on the whole tensor. Subclasses count as theirs.
+ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
+    "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD", "Rprop")
+    if hasattr(torch.optim, name))
+
+
+def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer that needs whole tensors (a shard is not enough), naming why. An
+    optimizer class of one's own says it is elementwise with ``gradsched_elementwise = True``."""
+    if not isinstance(optimizer, ELEMENTWISE) and not getattr(type(optimizer), "gradsched_elementwise", False):
+        raise GradschedError(
+            f"architecture='sharded' runs the optimizer on each rank's shard of every parameter, which gives the "
+            f"whole tensor's update only for optimizers that update each element from that element alone "
+            f"({', '.join(c.__name__ for c in ELEMENTWISE)}); {type(optimizer).__name__} is not known to be one "
+            "(LBFGS needs every gradient at once, Adafactor and Shampoo-like ones the tensors' shapes): "
+            "use architecture='allreduce'")
+
+
+class _Gathered:
+    """The all-gather of one message's parameters: done once they are back in the parameters."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        self.future = future
+        self.done = threading.Event()
+        future.add_done_callback(lambda _: self.done.set())
+
+
+class ShardedStep:
+    def __init__(self, shards: Shards, exchange: Exchange, group: Callable[[], dist.ProcessGroup],
+                 handover: Handover, updates: DeferredUpdates, timeout_s: float) -> None:
+        self.shards = shards
+        self.exchange = exchange
+        self.group = group  # the data group (read when used: released at close)
+        self.handover = handover
+        self.updates = updates
+        self.timeout_s = timeout_s
+        self._queued: Callable[[], list[tuple[list[int], _Gathered]]] | None = None
+        self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
+
+    # -- step ---------------------------------------------------------------------------------
+    def step(self, snapshot: Snapshot, plan: Plan) -> None:
+        """Update this rank's shards with ``snapshot``; queue the gathers of ``plan``'s messages."""
+        everything = range(len(self.shards.params))
+        self.handover.wait(everything, "all gradients (the sharded step)")
+        if self.updates.optimizer is not None:
+            with self._on_shards(everything):
+                self.updates.apply_now(everything, snapshot)
+        self.wait_all()  # the previous step's gathers (a step without a forward between)
+        order = sorted(range(len(plan.messages)),  # the first layers first
+                       key=lambda k: min(self.shards.index[name] for name in plan.messages[k].tensors))
+        messages = [plan.messages[k] for k in order]
+        self._queued = self.exchange.after_launched(lambda: self._gather(messages))
+
+    def _gather(self, messages: Sequence[Any]) -> list[tuple[list[int], _Gathered]]:
+        """On the launcher thread, in the data group's order: every message's all-gather."""
+        group = self.group()
+        return [([self.shards.index[name] for name in m.tensors], _Gathered(self.shards.gather(m, group)))
+                for m in messages]
+
+    @contextmanager
+    def _on_shards(self, indices: Sequence[int]) -> Iterator[None]:
+        """The optimizer steps this rank's shards of ``indices`` in the parameters' place: each
+        shard gets its averaged gradient and the parameter's state for the step."""
+        optimizer, shards = self.updates.optimizer, self.shards
+        state = optimizer.state
+        moved = []
+        for i in indices:
+            p, shard = shards.params[i], shards.tensors[i]
+            if p.grad is None or shard.numel() == 0:
+                continue
+            shard.grad = shards.grads[i][:shard.numel()]
+            if p in state:
+                state[shard] = self._shard_of_state(state.pop(p), p, i)
+            moved.append((p, shard))
+        self.updates.run_on = {id(p): shard for p, shard in moved}
+        try:
+            yield
+        finally:
+            self.updates.run_on = None
+            for p, shard in moved:
+                if shard in state:
+                    state[p] = state.pop(shard)
+                shard.grad = None
+
+    def _shard_of_state(self, entry: dict, p: torch.Tensor, i: int) -> dict:
+        """A parameter's state for its shard: state made whole (an optimizer that fills it in its
+        constructor, Adagrad) is cut to this rank's part, once; 1/n of it is kept."""
+        shard, start = self.shards.tensors[i], self.shards.start[i]
+        for key, value in entry.items():
+            if torch.is_tensor(value) and value.shape == p.shape and value.numel() != shard.numel():
+                entry[key] = value.detach().reshape(-1)[start:start + shard.numel()].clone()
+        return entry
+
+    def full_state_dict(self) -> dict:
+        """The optimizer's ``state_dict()`` with every rank's shards joined: what the same optimizer
+        would hold without sharding, loadable into it. A collective: every rank calls it. Whole
+        on rank 0, which owns part of every parameter (a rank whose shard of a parameter is
+        empty, one smaller than the ranks, holds no state for it)."""
+        optimizer, shards = self.updates.optimizer, self.shards
+        self.wait_all()
+        saved = optimizer.state_dict()  # this rank's shards, keyed by position in the groups
+        positions = [p for group in optimizer.param_groups for p in group["params"]]
+        here = {}  # (parameter index, key) -> its state entry, for this rank's shard-sized tensors
+        for position, p in enumerate(positions):
+            i = shards.of_param.get(id(p))
+            entry = saved["state"].get(position)
+            for key, value in (entry or {}).items():
+                if i is not None and torch.is_tensor(value) and value.dim() > 0 and \
+                        value.numel() == shards.tensors[i].numel():
+                    here[(i, key)] = (position, entry)
+
+        def gather() -> None:  # on the launcher: the data group's order
+            group = self.group()
+            known: list = [None] * shards.world  # a rank with an empty shard has no state for it
+            dist.all_gather_object(known, sorted(here), group=group)
+            for i, key in sorted(set().union(*map(set, known))):
+                p, c = shards.params[i], shards.size[i]
+                _, entry = here.get((i, key), (None, None))
+                value = entry[key] if entry is not None else None
+                padded = torch.zeros(c, dtype=p.dtype if value is None else value.dtype, device=p.device)
+                if value is not None:
+                    padded[:value.numel()] = value.reshape(-1)
+                joined = padded.new_empty(c * shards.world)
+                dist.all_gather_single(joined, padded, group=group)
+                if entry is not None:
+                    entry[key] = joined[:p.numel()].view(p.shape).clone()
+
+        self.exchange.between_rounds(gather)
+        return saved
+
+    # -- waits ---------------------------------------------------------------------------------
+    def wait(self, indices: Sequence[int], what: str) -> None:
+        """Block until the parameters ``indices`` are gathered (updated on every rank)."""
+        if self._queued is not None:
+            queued, self._queued = self._queued, None
+            for members, gathered in queued():
+                for i in members:
+                    self._waiting.setdefault(i, []).append(gathered)
+        deadline = time.monotonic() + self.timeout_s
+        for i in indices:
+            for gathered in self._waiting.pop(i, ()):
+                if not gathered.done.wait(max(0.0, deadline - time.monotonic())):
+                    raise GradschedError(f"timed out after {self.timeout_s:.0f} s waiting for the all-gather of "
+                                         f"{what}: another rank is stuck or did not step")
+                gathered.future.value()  # raises if the collective failed
+
+    def wait_all(self) -> None:
+        self.wait(range(len(self.shards.params)), "all parameters")
+
+    # -- clipping ------------------------------------------------------------------------------
+    def _valid_grads(self) -> list[torch.Tensor]:
+        return [g[:t.numel()] for g, t, p in zip(self.shards.grads, self.shards.tensors, self.shards.params)
+                if p.grad is not None and t.numel()]
+
+    def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                  foreach: bool | None) -> torch.Tensor:
+        """``clip_grad_norm_`` of the averaged gradients from the shards: the total norm from
+        every rank's part (one all-reduce), then every shard scaled by the same factor."""
+        self.handover.wait(range(len(self.shards.params)), "all gradients (clip_grad_norm_)")
+        grads = self._valid_grads()
+        norm_type = float(norm_type)
+        device = self.shards.params[0].device
+        norms = [torch.linalg.vector_norm(g, norm_type).to(torch.float64) for g in grads]
+        if math.isinf(norm_type):
+            part = torch.stack(norms).max() if norms else torch.zeros((), dtype=torch.float64, device=device)
+            op = dist.ReduceOp.MAX
+        else:
+            part = (torch.stack(norms) ** norm_type).sum() if norms else torch.zeros((), dtype=torch.float64,
+                                                                                     device=device)
+            op = dist.ReduceOp.SUM
+        part = part.reshape(1)
+        self.exchange.between_rounds(lambda: dist.all_reduce(part, op=op, group=self.group()))
+        total = part[0] if math.isinf(norm_type) else part[0] ** (1.0 / norm_type)
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        dtype = self.shards.params[0].dtype
+        coefficient = torch.clamp(max_norm / (total.to(dtype) + 1e-6), max=1.0)
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(coefficient.to(g.dtype))
+        return total.to(dtype)
+
+    def clip_value(self, value: float) -> None:
+        if not value >= 0:
+            raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
+        self.handover.wait(range(len(self.shards.params)), "all gradients (clip_grad_value_)")
+        with torch.no_grad():
+            for g in self._valid_grads():
+                g.clamp_(-value, value)

@@ -1,0 +1,198 @@
+"""Worker: architecture="sharded" against DDP + the same optimizer, on every rank; report the
+differences and the optimizer state each rank holds.
+
+    python -m workers.sharded OUT.json [--policies ...] [--optimizers ...] [--steps N] [--scenarios ...]
+
+Scenarios (each for every policy and optimizer): ``wrap`` (gradsched.wrap), ``ddp``
+(gradsched.DistributedDataParallel with the optimizer built after it), ``clip`` (global-norm
+clipping by gradsched's clip_grad_norm_ against torch's under DDP), ``value`` (clip_grad_value_),
+``accumulate`` (two backward passes per step, the first under ``no_sync()``), ``checkpoint``
+(the optimizer's full state half-way against DDP's, and a resumed run), ``slow`` (the
+all-gather of the head's parameters lands 0.1 s late: a forward that did not wait for it
+would compute with the head's old weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsched
+from workers.launch import finish_with_every_report
+from workers.train_compare import SMALL, Net, against, batches, make_optimizer, seeded_reference
+
+OPTIMIZERS = {"adagrad": lambda params: torch.optim.Adagrad(params, lr=0.05),
+              "adam-fused": lambda params: torch.optim.Adam(params, lr=1e-2, fused=True)}
+
+
+def optimizer_for(kind: str, model: nn.Module):
+    if kind in OPTIMIZERS:
+        return OPTIMIZERS[kind](model.parameters()), None
+    return make_optimizer(kind, model)
+
+
+def state_elements(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() for state in opt.state.values() for v in state.values()
+               if torch.is_tensor(v) and v.dim() > 0)
+
+
+LATE = {"on": False}  # the slow scenario runs
+
+
+def slow_head_gathers() -> None:
+    """While ``LATE["on"]``, every all-gather that carries the head's weight copies its result
+    0.1 s late."""
+    from gradsched.runtime.comm.sharded import Shards
+
+    unpack = Shards.unpack
+
+    def late(self, slices, gathered):
+        if LATE["on"] and any(name.startswith("head.") for name, _, _ in slices):
+            time.sleep(0.1)
+        unpack(self, slices, gathered)
+
+    Shards.unpack = late
+
+
+def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False) -> None:
+    for x, y in data:
+        opt.zero_grad()
+        if accumulate:
+            with model.no_sync():
+                nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+            x, y = x[8:], y[8:]
+        nn.functional.cross_entropy(model(x), y).backward()
+        if clip == "clip":
+            clip_of(0.5)
+        elif clip == "value":
+            clip_of(0.01)
+        opt.step()
+        if sched:
+            sched.step()
+
+
+def differences(a: dict, b: dict) -> float:
+    """The largest difference between two optimizers' ``state_dict()["state"]``."""
+    assert a.keys() == b.keys(), (a.keys(), b.keys())
+    worst = 0.0
+    for position in a:
+        assert a[position].keys() == b[position].keys()
+        for key, value in a[position].items():
+            other = b[position][key]
+            assert torch.is_tensor(value) and value.shape == other.shape, (position, key)
+            worst = max(worst, (value.double() - other.double()).abs().max().item())
+    return worst
+
+
+def checkpoint(policy: str, kind: str, data: list) -> dict:
+    """Half the run sharded, the optimizer's full state (every rank's shards joined) against
+    DDP's optimizer at the same step; then a new sharded run resumes from that checkpoint and
+    ends where DDP's uninterrupted run ends."""
+    half = len(data) // 2
+    reference, initial = seeded_reference()
+    ddp = DDP(reference)
+    opt, sched = optimizer_for(kind, reference)
+    run(ddp, opt, sched, data[:half], None)
+    ddp_half = copy.deepcopy(opt.state_dict())
+    run(ddp, opt, sched, data[half:], None)
+    options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
+                   architecture="sharded")
+    torch.manual_seed(0)
+    net = Net()
+    model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
+    sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
+    run(model, ours, sched, data[:half], None)
+    full = ours.full_state_dict()
+    saved = {"model": copy.deepcopy(net.state_dict()), "optimizer": copy.deepcopy(full),
+             "scheduler": sched.state_dict() if sched else None}
+    ours.close()
+    torch.manual_seed(1)  # the resumed run's own initialisation, replaced by the checkpoint
+    net = Net()
+    net.load_state_dict(saved["model"])
+    model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
+    ours.load_state_dict(saved["optimizer"])
+    sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
+    if sched:
+        sched.load_state_dict(saved["scheduler"])
+    run(model, ours, sched, data[half:], None)
+    ours.synchronize()
+    result = against(net, reference, initial)
+    result.update(state_diff=differences(full["state"], ddp_half["state"]), state=0, ddp_state=0)
+    ours.close()
+    return result
+
+
+def case(scenario: str, kind: str, policies: list[str], data: list, report: dict) -> None:
+    if scenario == "checkpoint":
+        for policy in policies:
+            report[f"checkpoint/{policy}/{kind}"] = checkpoint(policy, kind, data)
+        return
+    clip = scenario if scenario in ("clip", "value") else None
+    reference, initial = seeded_reference()
+    ddp = DDP(reference)
+    opt, sched = optimizer_for(kind, reference)
+    torch_clip = {"clip": lambda m: torch.nn.utils.clip_grad_norm_(ddp.parameters(), m),
+                  "value": lambda v: torch.nn.utils.clip_grad_value_(ddp.parameters(), v)}.get(clip)
+    accumulate = scenario == "accumulate"
+    LATE["on"] = scenario == "slow"
+    run(ddp, opt, sched, data, clip, torch_clip, accumulate)
+    full_state = state_elements(opt)
+    for policy in policies:
+        torch.manual_seed(0)
+        net = Net()
+        options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
+                       architecture="sharded")
+        if scenario in ("ddp", "accumulate"):
+            model = gradsched.DistributedDataParallel(net, **options)
+            opt, _ = optimizer_for(kind, model)
+            ours = opt
+        else:
+            model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
+        sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" \
+            else None
+        clip_of = None if clip is None else (model.clip_grad_norm_ if clip == "clip" and scenario == "ddp"
+                                             else ours.clip_grad_norm_ if clip == "clip"
+                                             else ours.clip_grad_value_)
+        run(model, ours, sched, data, clip, clip_of, accumulate)
+        if scenario in ("ddp", "accumulate"):
+            model.synchronize()
+            result = against(model.module, reference, initial)
+        else:
+            ours.synchronize()
+            result = against(net, reference, initial)
+        result.update(state=state_elements(ours), ddp_state=full_state)
+        report[f"{scenario}/{policy}/{kind}"] = result
+        (model if scenario in ("ddp", "accumulate") else ours).close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--policies", default="fifo,priority,bytescheduler,prophet")
+    parser.add_argument("--optimizers", default="sgd,adam,adamw-groups,rmsprop")
+    parser.add_argument("--scenarios", default="wrap,ddp,clip")
+    parser.add_argument("--cases", help="SCENARIO:OPTIMIZER,... in place of every scenario with every optimizer")
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    if "slow" in args.scenarios.split(","):
+        slow_head_gathers()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data = batches(rank, args.steps)
+    report = {}
+    cases = [tuple(case.split(":")) for case in args.cases.split(",")] if args.cases else \
+        [(scenario, kind) for kind in args.optimizers.split(",") for scenario in args.scenarios.split(",")]
+    for scenario, kind in cases:
+        case(scenario, kind, args.policies.split(","), data, report)
+    finish_with_every_report(args.out, report)
+
+
+if __name__ == "__main__":
+    main()
