@@ -1,6 +1,7 @@
 """Worker: a policy whose measured trial keeps DDP-style buckets (certain: it would have to be
 99% faster) hands the gradients to DDP's own reducer at the same step on every rank, and
-trains as DDP does, through both APIs, no_sync() and BatchNorm buffers included, and an
+trains as DDP does, through both APIs, no_sync(), global-norm clipping and BatchNorm buffers
+included, and an
 epoch of uneven inputs under join() at the end (rank 0 has 3 more batches than rank 1:
 DDP's own join, the joined rank shadowing with zeros).
 
@@ -22,6 +23,7 @@ from workers.train_compare import SMALL, Net, against, batches, seeded_reference
 
 STEPS = 24
 ACCUMULATE = (18, 19)  # these steps add a no_sync() micro-batch before the one that communicates
+CLIPPED = (20, 21)  # these clip by global norm (long after the hand-off): gradsched's clipping against torch's
 OPTIONS = dict(policy="priority", policy_options=SMALL["priority"], profile_rounds=2, trial_rounds=3,
                fallback_gain=0.99, replan_every=0)
 
@@ -30,7 +32,7 @@ def uneven(rank: int) -> list:
     return batches(50 + rank, 4 if rank == 0 else 1)
 
 
-def run(model, opt, data, no_sync) -> None:
+def run(model, opt, data, no_sync, clip) -> None:
     loss_fn = nn.CrossEntropyLoss()
     for step, (x, y) in enumerate(data):
         opt.zero_grad()
@@ -38,6 +40,8 @@ def run(model, opt, data, no_sync) -> None:
             with no_sync():
                 loss_fn(model(x.flip(0)), y.flip(0)).backward()
         loss_fn(model(x), y).backward()
+        if step in CLIPPED:
+            clip(0.05)
         opt.step()
 
 
@@ -49,23 +53,24 @@ def main() -> None:
     reference, initial = seeded_reference()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     ddp = DDP(reference)
-    run(ddp, ref_opt, data, ddp.no_sync)
+    torch_clip = lambda norm: torch.nn.utils.clip_grad_norm_(ddp.parameters(), norm)  # noqa: E731
+    run(ddp, ref_opt, data, ddp.no_sync, torch_clip)
     with ddp.join():
-        run(ddp, ref_opt, uneven(rank), ddp.no_sync)
+        run(ddp, ref_opt, uneven(rank), ddp.no_sync, torch_clip)
     report = {}
     for api in ("wrap", "DistributedDataParallel"):
         torch.manual_seed(0)
         net = Net()
         if api == "wrap":
             model, opt = gradsched.wrap(net, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9), **OPTIONS)
-            stats, no_sync, joinable = (lambda: opt.stats), opt.no_sync, opt
+            stats, no_sync, joinable, clip = (lambda: opt.stats), opt.no_sync, opt, opt.clip_grad_norm_
         else:
             model = gradsched.DistributedDataParallel(net, **OPTIONS)
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            stats, no_sync, joinable = (lambda: model.stats), model.no_sync, model
-        run(model, opt, data, no_sync)
+            stats, no_sync, joinable, clip = (lambda: model.stats), model.no_sync, model, model.clip_grad_norm_
+        run(model, opt, data, no_sync, clip)
         with joinable.join():
-            run(model, opt, uneven(rank), no_sync)
+            run(model, opt, uneven(rank), no_sync, clip)
         s = stats()
         report[api] = {**against(net, reference, initial), "handed_off_round": s.handed_off_round,
                        "settled_round": s.settled_round, "rounds": s.rounds, "plan_policy": s.plan_policy,

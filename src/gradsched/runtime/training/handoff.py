@@ -115,10 +115,6 @@ class ReducerBackend:
 
     joined = False  # DDP's join keeps its own state
 
-    @property
-    def clipping(self) -> Any:
-        return _Clipping(self.updates.params)
-
     def step(self) -> None:  # DDP's reducer finished every reduction inside backward
         self.updates.apply_now(range(len(self.updates.params)), self.updates.snapshot())
 
@@ -139,16 +135,3 @@ class ReducerBackend:
     def close(self, wait: bool) -> None:
         self.reducer.close()
 
-
-class _Clipping:
-    """Clipping after the hand-off: the gradients are reduced inside ``backward()``, torch's own."""
-
-    def __init__(self, params: Any) -> None:
-        self.params = [p for p in params if p.grad is not None]
-
-    def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
-                  foreach: bool | None) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(self.params, max_norm, norm_type, error_if_nonfinite, foreach)
-
-    def clip_value(self, value: float) -> None:
-        torch.nn.utils.clip_grad_value_(self.params, value)
