@@ -87,3 +87,7 @@ def test_the_demos_figures_are_what_its_json_says():
             f"(DDP {ddp['ratio_to_bound']:.2f}x), predicted {prophet['predicted_s'] / prophet['iteration_s'] - 1:.0%} "
             f"slower than measured, the host {prophet['host_cpu_busy']:.0%} busy")
     assert said in text
+
+
+def test_the_sharded_simulation_table_is_what_its_json_prints():
+    assert script("sharded_table").table(figure("sharded-sim")) in (ROOT / "docs" / "simulator.md").read_text()

@@ -44,7 +44,8 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
     p.add_argument("--bandwidth", help="link bandwidth per worker and direction, e.g. 10Gbit (default 10Gbit)")
     p.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
-    p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps"], help="communication architecture")
+    p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps", "sharded"],
+                   help="communication architecture (sharded: reduce-scatter in backward, all-gather after the step)")
     p.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
     p.add_argument("--compression", choices=["bf16", "fp16"],
                    help="gradients travel as bf16/fp16: 2 bytes per element on the wire, and each message is cast "

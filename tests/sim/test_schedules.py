@@ -61,8 +61,27 @@ def test_three_layers_priority_by_hand():
     ]
 
 
+def test_three_layers_sharded_by_hand():
+    # Sharded: each phase moves half an all-reduce's bytes, 1.5 s per gradient. Backward
+    # (from B) makes w2, w1, w0 ready at B+1, B+2, B+3; their reduce-scatters take the link
+    # B+1-2.5, 2.5-4, 4-5.5. The step waits for the last (B+5.5); the all-gathers follow,
+    # the first layer's first: w0 5.5-7, w1 7-8.5, w2 8.5-10, and each layer's forward starts
+    # once its own is back: l0 at B+7, l1 at B+8.5 (l0 ended at 8), l2 at B+10; backward
+    # again at B+11. The bound is that of an all-reduce of the same bytes (9 s).
+    sharded = Cluster(workers=2, bandwidth_bps=8000.0, latency_s=0.0, arch="sharded")
+    r = simulate(THREE, sharded, ONE_PER_BUCKET, iterations=5)
+    assert r.iteration_s == 11.0 and r.bound_s == 9.0 and r.comm_s == 9.0
+    assert r.iteration_starts[:3] == [0.0, 10.0, 21.0]  # the first forward needs no gather
+    b = r.backward_starts[2]
+    forward = [(c.layer, c.start - b) for c in r.compute if c.phase == "forward" and c.iteration == 3]
+    assert forward == [("l0", 7.0), ("l1", 8.5), ("l2", 10.0)]
+    gathers = [(m.names, m.segments[0].start - b, m.completed - b) for m in r.messages
+               if m.id == -1 and m.iteration == 3]
+    assert gathers == [(("w0",), 5.5, 7.0), (("w1",), 7.0, 8.5), (("w2",), 8.5, 10.0)]
+
+
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+@pytest.mark.parametrize("arch", ["allreduce", "ps", "sharded"])
 def test_infinite_bandwidth_gives_compute_time(policy, arch):
     model = random_model(random.Random(5))
     r = simulate(model, Cluster(workers=8, bandwidth_bps=1e30, latency_s=0.0, arch=arch), policy, iterations=8)
@@ -80,7 +99,7 @@ def test_zero_compute_gives_communication_time(policy):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+@pytest.mark.parametrize("arch", ["allreduce", "ps", "sharded"])
 def test_never_below_the_bound_nor_above_serial_execution(seed, arch):
     rng = random.Random(seed)
     model = random_model(rng)

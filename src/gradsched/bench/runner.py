@@ -269,15 +269,15 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
         }
         run = Run.named(policy)
         base = run.policy
-        # predict what actually ran (the simulator does not model clipping's wait for every
-        # reduction, nor sharding's two phases yet)
-        if work.table is not None and base not in BASELINES and not run.clip and not run.sharded:
+        # predict what actually ran (the simulator does not model clipping's wait for every reduction)
+        if work.table is not None and base not in BASELINES and not run.clip:
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset
             table = work.table.on_the_wire(2) if config.compression else work.table
             ran = _ran(config, policy, result, table.gradient_bytes / work.table.gradient_bytes)
-            row["predicted_s"] = predict(scaled(table, compute), predicting, ran)
+            where = link_cluster(link, config.workers, sharded=True) if run.sharded else predicting
+            row["predicted_s"] = predict(scaled(table, compute), where, ran)
         setting.rows.append(row)
     return setting
 

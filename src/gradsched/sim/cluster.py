@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..units import format_bandwidth, format_duration
 
-ARCHITECTURES = ("allreduce", "ps")
+ARCHITECTURES = ("allreduce", "ps", "sharded")
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,9 @@ class Cluster:
     """Identical workers, each with one full-duplex link of ``bandwidth_bps`` per direction.
 
     ``ps`` adds ``servers`` parameter servers (default: as many as workers) with links of the
-    same bandwidth, the load spread evenly over them.
+    same bandwidth, the load spread evenly over them. ``sharded``: every worker owns 1/n of
+    each parameter; a message is reduce-scattered in backward and all-gathered after the
+    step, each phase (n-1)/n of its bytes, together what an all-reduce moves.
 
     ``cast_s_per_byte`` models compression's casts (``--compression``): per byte on the wire,
     what a worker spends casting a message to the wire dtype before it sends it (one message
@@ -44,7 +46,7 @@ class Cluster:
             raise ValueError(f"unknown architecture {self.arch!r}; choose from: {', '.join(ARCHITECTURES)}")
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 0:
             raise ValueError(f"servers must be a whole number >= 0 (0 = one per worker), got {self.servers!r}")
-        if self.arch == "allreduce" and self.servers:
+        if self.arch != "ps" and self.servers:
             raise ValueError("servers only apply to --arch ps")
 
     @property
@@ -61,16 +63,22 @@ class Cluster:
         """
         per_byte = 8.0 / self.bandwidth_bps
         n = self.workers
-        if self.arch == "allreduce":
+        if self.arch in ("allreduce", "sharded"):  # sharded: both phases
             return per_byte * 2.0 * (n - 1) / n
         return per_byte * max(1.0, n / self.num_servers)
+
+    @property
+    def phase_seconds_per_byte(self) -> float:
+        """What one message's wire time is per payload byte: an all-reduce's, a push's; under
+        ``sharded`` one phase's (a reduce-scatter's, or an all-gather's), half the all-reduce's."""
+        return self.seconds_per_byte / 2 if self.arch == "sharded" else self.seconds_per_byte
 
     def comm_time(self, nbytes: float) -> float:
         """Time to move ``nbytes`` of gradients once at link speed (no latency)."""
         return nbytes * self.seconds_per_byte
 
     def describe(self) -> str:
-        arch = self.arch if self.arch == "allreduce" else f"ps ({self.num_servers} servers)"
+        arch = self.arch if self.arch != "ps" else f"ps ({self.num_servers} servers)"
         overhead = f" · overhead {format_duration(self.overhead_s)}/message" if self.overhead_s else ""
         cast = f" · cast {self.cast_s_per_byte * 1e9:.3g} ns/byte" if self.cast_s_per_byte else ""
         return (

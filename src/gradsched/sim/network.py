@@ -120,5 +120,5 @@ def network_for(arch: str, latency_s: float, seconds_per_byte: float, overhead_s
 
 
 def make_network(cluster: Cluster) -> Network:
-    return network_for(cluster.arch, cluster.latency_s, cluster.seconds_per_byte, cluster.overhead_s,
+    return network_for(cluster.arch, cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s,
                        cluster.cast_s_per_byte, cluster.num_servers)

@@ -23,14 +23,15 @@ from .cluster import Cluster
 from .simulator import simulate
 
 
-def link_cluster(link: MeasuredLink, workers: int, servers: int = 0) -> Cluster:
-    """The simulator's cluster with a measured link (parameter servers when ``servers`` > 0)."""
+def link_cluster(link: MeasuredLink, workers: int, servers: int = 0, sharded: bool = False) -> Cluster:
+    """The simulator's cluster with a measured link (parameter servers when ``servers`` > 0;
+    ``sharded``: architecture="sharded" over the same link)."""
     return ring_cluster(workers, link.seconds_per_byte, link.latency_s, link.overhead_s, servers,
-                        link.cast_s_per_byte)
+                        link.cast_s_per_byte, sharded)
 
 
 def ring_cluster(workers: int, seconds_per_byte: float, latency_s: float, overhead_s: float,
-                 servers: int = 0, cast_s_per_byte: float = 0.0) -> Cluster:
+                 servers: int = 0, cast_s_per_byte: float = 0.0, sharded: bool = False) -> Cluster:
     """A cluster whose links give a ring all-reduce among ``workers`` the measured cost per
     payload byte (each link carries 2(n-1)/n of the payload), and compression's measured
     cast cost per wire byte."""
@@ -39,7 +40,8 @@ def ring_cluster(workers: int, seconds_per_byte: float, latency_s: float, overhe
     n = workers
     bandwidth = 8.0 * 2 * (n - 1) / n / seconds_per_byte if n > 1 else 8.0 / seconds_per_byte
     return Cluster(workers, bandwidth_bps=bandwidth, latency_s=latency_s, overhead_s=overhead_s,
-                   arch="ps" if servers else "allreduce", servers=servers, cast_s_per_byte=cast_s_per_byte)
+                   arch="ps" if servers else "sharded" if sharded else "allreduce", servers=servers,
+                   cast_s_per_byte=cast_s_per_byte)
 
 
 def scaled(table: ModelTable, compute_s: float) -> ModelTable:

@@ -11,7 +11,11 @@ making) instead of autograd hooks:
   ready (one ``on_ready`` per tensor, in reverse parameter order, as autograd does);
 * the next forward starts after the backward ends; parameter updates take no time;
 * messages the engine launches go to the network model (:mod:`gradsched.sim.network`)
-  and come back as ``on_finished`` when they complete.
+  and come back as ``on_finished`` when they complete;
+* ``arch="sharded"`` (as the runtime's ``architecture="sharded"`` runs it): the engine's
+  messages are reduce-scatters; once the backward pass has ended and every one of them is
+  complete (the step), each message is all-gathered in turn, the first layers' first, and
+  a layer's forward starts once its own parameters are back.
 
 >>> from gradsched.models.table import Layer, ModelTable, ParamSpec
 >>> from gradsched.core.policies import FifoConfig
@@ -150,6 +154,10 @@ class _Run:
         self.log: list[tuple] = []
         self.messages: list[MessageRecord] = []
         self.compute: list[ComputeRecord] = []
+        self.sharded = cluster.arch == "sharded"
+        self.reduced: list[tuple[tuple[str, ...], int]] = []  # sharded: this round's messages, done
+        self.gathered = [0.0] * len(self.layers)  # sharded: when each layer's parameters are back
+        self.gathered_for = 0  # sharded: the iteration whose all-gathers are on the link
 
     # -- events --------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -179,9 +187,24 @@ class _Run:
 
     # -- compute -------------------------------------------------------------------------
     def deps_done(self, layer: int) -> bool:
-        if self.policy.cross_barrier:
+        if self.policy.cross_barrier and not self.sharded:
             return self.pending[layer] == 0
         return self.pending_total == 0
+
+    def gather(self, now: float) -> None:
+        """Sharded: the step is now; every message of the round all-gathered in turn, those of
+        the first layers first."""
+        self.gathered_for = self.iteration
+        self.gathered = [now] * len(self.layers)
+        order = sorted(self.reduced, key=lambda m: min(self.layer_of[n] for n in m[0]))
+        for names, nbytes in order:
+            transfer = self.network.submit(nbytes, now)
+            for name in names:
+                layer = self.layer_of[name]
+                self.gathered[layer] = max(self.gathered[layer], transfer.complete)
+            self.messages.append(MessageRecord(-1, self.iteration, names, nbytes, now, transfer.segments,
+                                               transfer.complete))
+        self.reduced = []
 
     def advance_forward(self, now: float) -> None:
         """Run forward layers ahead in time while their parameters are ready. A layer whose
@@ -191,7 +214,9 @@ class _Run:
             i = self.next_layer
             if not self.deps_done(i):
                 return
-            start = max(self.cursor, now)
+            if self.sharded and self.iteration > self.gathered_for:
+                self.gather(now)
+            start = max(self.cursor, now, self.gathered[i] if self.sharded else 0.0)
             if i == 0:
                 self.starts.append(start)
                 if self.record:
@@ -235,6 +260,8 @@ class _Run:
                 message.id, message.iteration, names, message.nbytes, message.launched_at, transfer.segments, now
             )
         )
+        if self.sharded:
+            self.reduced.append((tuple(task.tensor.name for task in message.tasks), message.nbytes))
         decision = self.driver.complete(launched)
         for name in decision.done:
             self.pending[self.layer_of[name]] -= 1

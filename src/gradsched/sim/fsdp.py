@@ -1,0 +1,66 @@
+"""What FSDP2 (``fully_shard`` per layer) would do on the simulated cluster: no scheduling,
+one layer's all-gather prefetched ahead.
+
+Every layer with parameters is its own unit, sharded over the workers. On each worker's one
+FIFO link (each collective (n-1)/n of its bytes, as ``Cluster(arch="sharded")`` charges):
+
+* forward: layer i's parameters are all-gathered before its forward; the all-gather of
+  layer i+1 is issued when layer i's forward starts (one ahead); the first after the step;
+* backward (``reshard_after_forward=True``, FSDP2's default): each layer's parameters are
+  all-gathered again before its backward, layer i-1's issued when layer i's backward
+  starts; with ``False`` (ZeRO-2-like) they stay from the forward pass;
+* each layer's gradients are reduce-scattered once its backward ends, in that order;
+* the step (no time) waits for the last reduce-scatter; the next forward follows.
+
+Compare with ``simulate(model, Cluster(arch="sharded"), policy)``: the same bytes each
+phase, scheduled by the policy in backward and gathered as soon as the step is done.
+
+>>> from gradsched.models.table import Layer, ModelTable, ParamSpec
+>>> model = ModelTable("three", tuple(Layer(f"l{i}", 1.0, 1.0, (ParamSpec(f"w{i}", 750),)) for i in range(3)))
+>>> cluster = Cluster(workers=2, bandwidth_bps=8000.0, latency_s=0.0, arch="sharded")  # 1.5 s per phase
+>>> fsdp_iteration_s(model, cluster, reshard_after_forward=False)
+11.0
+>>> fsdp_iteration_s(model, cluster, reshard_after_forward=True)
+14.5
+"""
+
+from __future__ import annotations
+
+from ..models.table import ModelTable
+from .cluster import Cluster
+from .network import Network
+
+
+def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward: bool = True,
+                     iterations: int = 6) -> float:
+    """Steady-state seconds per iteration (between the last two forward starts)."""
+    if cluster.arch != "sharded":
+        raise ValueError(f"FSDP shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
+    link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
+    layers = model.layers
+    nbytes = [sum(p.numel for p in layer.params) * 4 for layer in layers]
+    starts, step = [], 0.0
+    for _ in range(iterations):
+        t, issued = step, [None] * len(layers)  # forward
+        issued[0] = link.submit(nbytes[0], step).complete if nbytes[0] else step
+        for i, layer in enumerate(layers):
+            start = max(t, issued[i])
+            if i == 0:
+                starts.append(start)
+            if i + 1 < len(layers):  # one ahead, issued as this layer starts
+                issued[i + 1] = link.submit(nbytes[i + 1], start).complete if nbytes[i + 1] else start
+            t = start + layer.forward_s
+        gathered = [t] * len(layers)  # backward
+        last = len(layers) - 1
+        if reshard_after_forward and nbytes[last]:
+            gathered[last] = link.submit(nbytes[last], t).complete
+        done = t
+        for i in range(last, -1, -1):
+            start = max(t, gathered[i])
+            if reshard_after_forward and i > 0 and nbytes[i - 1]:
+                gathered[i - 1] = link.submit(nbytes[i - 1], start).complete
+            t = start + layers[i].backward_s
+            if nbytes[i]:
+                done = max(done, link.submit(nbytes[i], t).complete)
+        step = max(t, done)
+    return starts[-1] - starts[-2]
