@@ -14,17 +14,18 @@ from gradsched.runtime.comm.comm_hook import HookTransport, wire_dtype_of
 from gradsched.runtime.comm.compression import Compressed, wire_dtype
 from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.comm.ps import PushPull
-from gradsched.runtime.comm.sharded import ReduceScatter
+from gradsched.runtime.comm.sharded import ReduceScatter, Shards, pairwise_for
 from gradsched.runtime.comm.transport import AllReduce, Transport
 
 
 def make_transport(topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
                    versions: PlanVersions, compression: str | None,
-                   comm_hook: tuple[Any, Callable] | None = None, sharded: bool = False) -> Transport:
+                   comm_hook: tuple[Any, Callable] | None = None, shards: Shards | None = None) -> Transport:
     """The transport of a worker of ``topology`` whose gradients are ``params``; ``comm_hook``:
     (state, hook), the state already given gradsched's data group (gradsched.runtime.comm.comm_hook)."""
-    if sharded:
-        return ReduceScatter(topology.data)
+    if shards is not None:  # its all-gathers travel the way its reduce-scatters do
+        shards.pairwise = pairwise_for(topology.data)
+        return ReduceScatter(topology.data, shards.pairwise)
     if comm_hook is not None:
         state, hook = comm_hook
         return HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank)

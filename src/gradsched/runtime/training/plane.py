@@ -60,7 +60,7 @@ class Plane:
             self.names, self.params, travelling_dtype(config.compression, comm_hook))
         versions = PlanVersions(initial_plan(self.tensors, co.policy, config.plan_architecture))
         transport = make_transport(co.topology, self.names, self.params, versions, config.compression, comm_hook,
-                                   sharded)
+                                   self.shards)
         self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
                                  self.trace.on_exchange if self.trace else None,
                                  (lambda plan: ShardedLayout(self.shards)) if sharded else None)
