@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,8 +139,6 @@ def run_ranks(worker: str, world: int, *args: str, timeout: float = 120.0, env: 
     With ``agent_store`` the job's key-value store is hosted here, as torchrun's agent hosts it,
     so that it outlives every rank; else rank 0 hosts it (``init_process_group``'s env://). An
     ``env`` that changes ``PYTHONPATH`` needs a new interpreter, and gets one."""
-    import tempfile
-
     port = free_port()
     store = None
     if agent_store:

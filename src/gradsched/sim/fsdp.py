@@ -38,7 +38,7 @@ def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward:
         raise ValueError(f"FSDP shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
     link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
     layers = model.layers
-    nbytes = [sum(p.numel for p in layer.params) * 4 for layer in layers]
+    nbytes = [sum(p.nbytes for p in layer.params) for layer in layers]
     starts, step = [], 0.0
     for _ in range(iterations):
         t, issued = step, [None] * len(layers)  # forward

@@ -66,10 +66,15 @@ class Shards:
     def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
         return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]
 
+    def _span(self, i: int, r: int, first: int, count: int) -> tuple[int, int]:
+        """Where elements ``[r * c + first, ... + count)`` of parameter ``i`` lie in it, flattened
+        (what lies past its end is padding)."""
+        start = r * self.size[i] + first
+        return start, min(start + count, self.params[i].numel())
+
     def _part(self, flat: torch.Tensor, i: int, r: int, first: int, count: int) -> list[torch.Tensor]:
         """Elements ``[r * c + first, ... + count)`` of parameter ``i``'s flat ``flat``, padding as zeros."""
-        start = r * self.size[i] + first
-        end = min(start + count, flat.numel())
+        start, end = self._span(i, r, first, count)
         parts = [flat[start:end]] if end > start else []
         missing = count - max(0, end - start)
         if missing:
@@ -83,16 +88,18 @@ class Shards:
         return torch.cat(parts)
 
     def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
-        """Every rank's part of ``slices`` (rank-major ``gathered``) into the parameters."""
+        """The other ranks' parts of ``slices`` (rank-major ``gathered``) into the parameters
+        (this rank's own part is there already: the step updated it in place)."""
         total = sum(count for _, _, count in slices)
         with torch.no_grad():
             for r in range(self.world):
+                if r == self.rank:
+                    continue
                 position = r * total
                 for name, first, count in slices:
                     i = self.index[name]
                     flat = self.params[i].view(-1)
-                    start = r * self.size[i] + first
-                    end = min(start + count, flat.numel())
+                    start, end = self._span(i, r, first, count)
                     if end > start:
                         flat[start:end].copy_(gathered[position:position + end - start])
                     position += count
@@ -123,8 +130,7 @@ class ShardedLayout:
 
     def __init__(self, shards: Shards) -> None:
         self.shards = shards
-        self.homes: dict[int, torch.Tensor] = {}
-        self.fused: dict[int, torch.Tensor] = {}
+        self.homes: dict[int, torch.Tensor] = {}  # none: each gradient stays in autograd's memory
 
     def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list, list]:
         """(buffers to reduce, where this rank's results are in them, where those go), per dtype."""
@@ -164,7 +170,8 @@ class Pairwise:
         return self._issued % (1 << 30)
 
     def reduce_scatter(self, buffer: torch.Tensor) -> torch.futures.Future:
-        """This rank's part of ``buffer`` (n equal parts) summed over the ranks, in rank order."""
+        """This rank's part of ``buffer`` (n equal parts) summed over the ranks, in place: its own
+        first, then the others' in rank order (one fixed order: only this rank sums this part)."""
         n, r, tag = self.size, self.rank, self._tag()
         total = buffer.numel() // n
         parts = [buffer[j * total:(j + 1) * total] for j in range(n)]
@@ -174,11 +181,8 @@ class Pairwise:
 
         def summed(done: torch.futures.Future) -> list[torch.Tensor]:
             done.value()  # raises if an operation failed
-            ordered = [parts[r] if j == r else received[j] for j in range(n)]
-            total_sum = ordered[0].clone()
-            for part in ordered[1:]:
-                total_sum.add_(part)
-            parts[r].copy_(total_sum)
+            for j in sorted(received):
+                parts[r].add_(received[j])
             return [parts[r]]
 
         return self.waiter.track(works).then(summed)

@@ -76,11 +76,11 @@ class ShardedStep:
     def step(self, snapshot: Snapshot, plan: Plan) -> None:
         """Update this rank's shards with ``snapshot``; queue the gathers of ``plan``'s messages."""
         everything = range(len(self.shards.params))
+        self.wait_all()  # the previous step's gathers (a step without a forward between)
         self.handover.wait(everything, "all gradients (the sharded step)")
         if self.updates.optimizer is not None:
             with self._on_shards(everything):
                 self.updates.apply_now(everything, snapshot)
-        self.wait_all()  # the previous step's gathers (a step without a forward between)
         order = sorted(range(len(plan.messages)),  # the first layers first
                        key=lambda k: min(self.shards.index[name] for name in plan.messages[k].tensors))
         messages = [plan.messages[k] for k in order]
@@ -135,14 +135,14 @@ class ShardedStep:
         self.wait_all()
         saved = optimizer.state_dict()  # this rank's shards, keyed by position in the groups
         positions = [p for group in optimizer.param_groups for p in group["params"]]
-        here = {}  # (parameter index, key) -> its state entry, for this rank's shard-sized tensors
+        here = {}  # (parameter index, key) -> the state entry holding it, for this rank's shard-sized tensors
         for position, p in enumerate(positions):
             i = shards.of_param.get(id(p))
             entry = saved["state"].get(position)
             for key, value in (entry or {}).items():
                 if i is not None and torch.is_tensor(value) and value.dim() > 0 and \
                         value.numel() == shards.tensors[i].numel():
-                    here[(i, key)] = (position, entry)
+                    here[(i, key)] = entry
 
         def gather() -> None:  # on the launcher: the data group's order
             group = self.group()
@@ -150,7 +150,7 @@ class ShardedStep:
             dist.all_gather_object(known, sorted(here), group=group)
             for i, key in sorted(set().union(*map(set, known))):
                 p, c = shards.params[i], shards.size[i]
-                _, entry = here.get((i, key), (None, None))
+                entry = here.get((i, key))
                 value = entry[key] if entry is not None else None
                 padded = torch.zeros(c, dtype=p.dtype if value is None else value.dtype, device=p.device)
                 if value is not None:
