@@ -45,6 +45,16 @@ def test_subclass_operations_and_futures():
     assert tp.is_future(future) and tp.is_future(torch.futures.collect_all([future])) and not tp.is_future(1)
 
 
+def test_version_counts_in_place_writes_only():
+    t = torch.zeros(4)
+    before = tp.version(t)
+    t.view(-1)[1:3].copy_(torch.ones(2))  # through a view too: it shares the counter
+    assert tp.version(t) == before + 1
+    t.sum()
+    (t + 1).mul_(2)
+    assert tp.version(t) == before + 1
+
+
 def test_ddps_ignored_names_and_input_mover():
     model = nn.Linear(2, 2)
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["bias"])

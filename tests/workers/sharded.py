@@ -9,7 +9,11 @@ clipping by gradsched's clip_grad_norm_ against torch's under DDP), ``value`` (c
 ``accumulate`` (two backward passes per step, the first under ``no_sync()``), ``checkpoint``
 (the optimizer's full state half-way against DDP's, and a resumed run), ``slow`` (the
 all-gather of the head's parameters lands 0.1 s late: a forward that did not wait for it
-would compute with the head's old weights).
+would compute with the head's old weights), ``compress`` (compression="bf16": both phases
+in bf16, against DDP with the bf16 hook whose optimizer steps fp32 masters of parameters
+that every forward after the first computes with rounded to bf16, as sharding with
+compression does; half-way every parameter is loaded anew, from its initial values, which
+the masters must take over).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
+from gradsched.runtime.comm.compression import ddp_hook
 from workers.launch import finish_with_every_report
 from workers.train_compare import SMALL, Net, against, batches, make_optimizer, seeded_reference
 
@@ -60,8 +65,13 @@ def slow_head_gathers() -> None:
     Shards.unpack = late
 
 
-def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False) -> None:
-    for x, y in data:
+def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False,
+        rounded: torch.dtype | None = None, reload: dict | None = None) -> None:
+    """``rounded`` (the reference of a compressed sharded run): the optimizer steps masters, the
+    forward passes after a step compute with them rounded to that dtype; ``reload``: a state
+    loaded into the model half-way (the masters become it)."""
+    masters = None
+    for step, (x, y) in enumerate(data):
         opt.zero_grad()
         if accumulate:
             with model.no_sync():
@@ -72,9 +82,21 @@ def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: boo
             clip_of(0.5)
         elif clip == "value":
             clip_of(0.01)
+        if masters is not None:
+            with torch.no_grad():
+                for p, master in zip(model.parameters(), masters):
+                    p.copy_(master)
         opt.step()
         if sched:
             sched.step()
+        if rounded is not None:
+            masters = [p.detach().clone() for p in model.parameters()]
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.to(rounded))
+        if reload is not None and step == len(data) // 2 - 1:
+            getattr(model, "module", model).load_state_dict(reload)
+            masters = None
 
 
 def differences(a: dict, b: dict) -> float:
@@ -134,20 +156,28 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
             report[f"checkpoint/{policy}/{kind}"] = checkpoint(policy, kind, data)
         return
     clip = scenario if scenario in ("clip", "value") else None
+    compress = scenario == "compress"
     reference, initial = seeded_reference()
+    reload = copy.deepcopy(reference.state_dict()) if compress else None
+    plain = None
+    if compress:  # without compression, to show that compression changed the result
+        plain, _ = seeded_reference()
+        run(DDP(plain), *optimizer_for(kind, plain), data, None, reload=reload)
     ddp = DDP(reference)
+    if compress:
+        ddp.register_comm_hook(None, ddp_hook(torch.bfloat16))
     opt, sched = optimizer_for(kind, reference)
     torch_clip = {"clip": lambda m: torch.nn.utils.clip_grad_norm_(ddp.parameters(), m),
                   "value": lambda v: torch.nn.utils.clip_grad_value_(ddp.parameters(), v)}.get(clip)
     accumulate = scenario == "accumulate"
     LATE["on"] = scenario == "slow"
-    run(ddp, opt, sched, data, clip, torch_clip, accumulate)
+    run(ddp, opt, sched, data, clip, torch_clip, accumulate, torch.bfloat16 if compress else None, reload)
     full_state = state_elements(opt)
     for policy in policies:
         torch.manual_seed(0)
         net = Net()
         options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
-                       architecture="sharded")
+                       architecture="sharded", compression="bf16" if compress else None)
         if scenario in ("ddp", "accumulate"):
             model = gradsched.DistributedDataParallel(net, **options)
             opt, _ = optimizer_for(kind, model)
@@ -159,7 +189,7 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
         clip_of = None if clip is None else (model.clip_grad_norm_ if clip == "clip" and scenario == "ddp"
                                              else ours.clip_grad_norm_ if clip == "clip"
                                              else ours.clip_grad_value_)
-        run(model, ours, sched, data, clip, clip_of, accumulate)
+        run(model, ours, sched, data, clip, clip_of, accumulate, reload=reload)
         if scenario in ("ddp", "accumulate"):
             model.synchronize()
             result = against(model.module, reference, initial)
@@ -167,6 +197,8 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
             ours.synchronize()
             result = against(net, reference, initial)
         result.update(state=state_elements(ours), ddp_state=full_state)
+        if plain is not None:
+            result["uncompressed_diff"] = against(net, plain, initial)["max_abs_diff"]
         report[f"{scenario}/{policy}/{kind}"] = result
         (model if scenario in ("ddp", "accumulate") else ours).close()
 
@@ -180,7 +212,7 @@ def main() -> None:
     parser.add_argument("--cases", help="SCENARIO:OPTIMIZER,... in place of every scenario with every optimizer")
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
-    if "slow" in args.scenarios.split(","):
+    if "slow" in args.scenarios.split(",") or "slow:" in (args.cases or ""):
         slow_head_gathers()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -82,3 +82,11 @@ def ddp_post_forward(ddp: DistributedDataParallel, output: Any) -> Any:
     """What DDP's ``forward`` does after the module's (find unused parameters, static graph)."""
     DistributedDataParallel._active_ddp_module = None
     return ddp._post_forward(output)
+
+
+def version(tensor: torch.Tensor) -> int:
+    """The count of in-place changes made to ``tensor``'s memory (autograd's version counter):
+    how a sharded run with compression tells that someone else (``load_state_dict``, a user's
+    ``copy_``) wrote a parameter since its last all-gather, whose master copy must then be
+    read again. No public API counts writes."""
+    return tensor._version

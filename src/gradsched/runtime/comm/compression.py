@@ -86,20 +86,26 @@ class WireBuffers:
         return out
 
 
-def _cast_back(original: torch.Tensor, travelled: torch.Tensor, future: torch.futures.Future) -> torch.Tensor:
+def _cast_back(original: torch.Tensor, travelled: torch.Tensor, part: Callable[[torch.Tensor], torch.Tensor] | None,
+               future: torch.futures.Future) -> torch.Tensor:
     future.value()  # raises if the transport failed
     if travelled is not original:
-        original.copy_(travelled)
+        if part is None:
+            original.copy_(travelled)
+        else:  # a reduce-scatter: only this rank's part of the buffer holds a result
+            part(original).copy_(part(travelled))
     return original
 
 
 class Compressed(BaseTransport):
     """``inner`` with every buffer travelling as ``wire``: divided as ``inner`` divides, cast,
-    sent by ``inner``, and cast back in a callback of the buffer's own future."""
+    sent by ``inner``, and cast back in a callback of the buffer's own future (only the part
+    of it that holds this rank's result, where ``inner`` says which: ``result_part``)."""
 
     def __init__(self, inner: Transport, wire: torch.dtype) -> None:
         self.inner = inner
         self.wire = WireBuffers(wire)
+        self.part = getattr(inner, "result_part", None)
 
     def divide(self, buffers: Sequence[torch.Tensor]) -> None:
         self.inner.divide(buffers)
@@ -108,7 +114,7 @@ class Compressed(BaseTransport):
              on_sent: Callable[[], None] | None = None) -> Reduced:
         travelling = self.wire.cast(key.version, key.index, buffers)
         futures = self.inner.send(key, travelling, on_sent)
-        return [f.then(partial(_cast_back, b, t)) for f, b, t in zip(futures, buffers, travelling)]
+        return [f.then(partial(_cast_back, b, t, self.part)) for f, b, t in zip(futures, buffers, travelling)]
 
     def close(self, wait: bool) -> None:
         self.inner.close(wait)

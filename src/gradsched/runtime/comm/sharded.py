@@ -18,11 +18,22 @@ its slices, then rank 1's, ...), which is what ``reduce_scatter_tensor`` and
   this rank's part, the average of its shard, is copied into :attr:`Shards.grads`;
 * after the step: :meth:`Shards.gather` packs this rank's updated shard of a message and
   all-gathers it; the result is copied back into the parameters.
+
+With compression (``compression="bf16"``/``"fp16"``) both phases travel in the wire dtype: the
+gradients as for an all-reduce (divided, cast, reduce-scattered, cast back), and the
+parameters as the wire dtype's rounding of *master* shards. Each rank then keeps its shard
+as a separate copy in the parameters' dtype, which its optimizer updates; every rank's
+parameters, this rank's own part included, hold the rounding of the masters, so that all
+ranks compute with the same values (what FSDP's ``MixedPrecisionPolicy(param_dtype=...)``
+does, with the parameters kept in their own dtype). A parameter written by anyone else
+since its last all-gather (``load_state_dict``, a ``copy_``) gives its master its new values
+at the next step.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable, Sequence
 
 import torch
@@ -30,38 +41,60 @@ import torch.distributed as dist
 
 from gradsched.core.plan import PlannedMessage
 from gradsched.core.task import TensorSpec
+from gradsched.runtime import torch_private
+from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced, Waiter
 
 Slice = tuple[str, int, int]  # (tensor, first element, number of elements), in shard coordinates
 
 
 class Shards:
-    """This rank's shard of every parameter: a view of the parameter's own memory (what its
-    optimizer updates) and a buffer for its averaged gradient."""
+    """This rank's shard of every parameter, what its optimizer updates (a view of the
+    parameter's own memory; with compression its master copy), and a buffer for its averaged
+    gradient."""
 
-    def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], rank: int, world: int) -> None:
+    def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], rank: int, world: int,
+                 compression: str | None = None) -> None:
         self.names = list(names)
         self.params = list(params)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.rank, self.world = rank, world
         self.size = [math.ceil(p.numel() / world) for p in self.params]  # c: shard elements, padding included
         self.start: list[int] = []  # where this rank's shard of each parameter begins in it (flattened)
+        self.wire = wire_dtype(compression)  # what both phases travel as (None: the parameters' dtype)
         self.tensors: list[torch.Tensor] = []  # this rank's shard of each parameter (may be empty)
         self.grads: list[torch.Tensor] = []  # its averaged gradient (c elements; the valid ones first)
         for p, c in zip(self.params, self.size):
             start = min(rank * c, p.numel())
             end = min(start + c, p.numel())
             self.start.append(start)
-            self.tensors.append(p.detach().view(-1)[start:end])
+            view = p.detach().view(-1)[start:end]
+            self.tensors.append(view if self.wire is None else view.clone())
             self.grads.append(torch.zeros(c, dtype=p.dtype, device=p.device))
         self.of_param = {id(p): i for i, p in enumerate(self.params)}
         self.pairwise: Pairwise | None = None  # gloo: the phases as point-to-point operations (set by the plane)
+        self._lock = threading.Lock()  # gathers land on completion threads: a write and its record together
+        self._written = [torch_private.version(p) for p in self.params]  # each parameter as the gathers left it
 
     def specs(self) -> list[TensorSpec]:
         """The scheduler's view: ``c`` elements of ``n`` times the parameter's element size each,
         in forward (parameter) order."""
-        return [TensorSpec(name, c, layer=i, priority=i, element_size=self.world * p.element_size())
+        size = None if self.wire is None else torch.empty(0, dtype=self.wire).element_size()
+        return [TensorSpec(name, c, layer=i, priority=i, element_size=self.world * (size or p.element_size()))
                 for i, (name, p, c) in enumerate(zip(self.names, self.params, self.size))]
+
+    def refresh(self) -> None:
+        """With compression: the master shard of each parameter written since its last
+        all-gather by anyone else is read again from it (without, the shards are the
+        parameters' memory). Called by the training thread once every gather has landed."""
+        if self.wire is None:
+            return
+        with self._lock:
+            for i, p in enumerate(self.params):
+                if torch_private.version(p) != self._written[i]:
+                    shard = self.tensors[i]
+                    shard.copy_(p.detach().view(-1)[self.start[i]:self.start[i] + shard.numel()])
+                    self._written[i] = torch_private.version(p)
 
     def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
         return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]
@@ -87,13 +120,23 @@ class Shards:
                  for part in self._part(flat, self.index[name], r, first, count)]
         return torch.cat(parts)
 
+    def _own(self, i: int, first: int, count: int) -> list[torch.Tensor]:
+        """Elements ``[first, first + count)`` of this rank's shard of parameter ``i``, padding as zeros."""
+        shard = self.tensors[i]
+        end = min(first + count, shard.numel())
+        parts = [shard[first:end]] if end > first else []
+        missing = count - max(0, end - first)
+        if missing:
+            parts.append(shard.new_zeros(missing))
+        return parts
+
     def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
-        """The other ranks' parts of ``slices`` (rank-major ``gathered``) into the parameters
-        (this rank's own part is there already: the step updated it in place)."""
+        """Every rank's parts of ``slices`` (rank-major ``gathered``) into the parameters; this
+        rank's own only with compression (without, the step updated it there in place)."""
         total = sum(count for _, _, count in slices)
-        with torch.no_grad():
+        with torch.no_grad(), self._lock:
             for r in range(self.world):
-                if r == self.rank:
+                if r == self.rank and self.wire is None:
                     continue
                 position = r * total
                 for name, first, count in slices:
@@ -102,15 +145,16 @@ class Shards:
                     start, end = self._span(i, r, first, count)
                     if end > start:
                         flat[start:end].copy_(gathered[position:position + end - start])
+                        self._written[i] = torch_private.version(self.params[i])
                     position += count
 
     def gather(self, message: PlannedMessage, group: dist.ProcessGroup) -> torch.futures.Future:
         """All-gather the parameters of ``message`` from their owners; a future that completes
         once they are back in the parameters (issued on the calling thread)."""
         slices = message.slices
-        mine = torch.cat([part for name, first, count in slices
-                          for part in self._part(self.params[self.index[name]].detach().view(-1), self.index[name],
-                                                 self.rank, first, count)])
+        mine = torch.cat([part for name, first, count in slices for part in self._own(self.index[name], first, count)])
+        if self.wire is not None:
+            mine = mine.to(self.wire)
         gathered = mine.new_empty(mine.numel() * self.world)
         if self.pairwise is not None:
             future = self.pairwise.all_gather(gathered, mine)
@@ -220,16 +264,17 @@ class ReduceScatter(BaseTransport):
         for buffer in buffers:
             buffer.div_(self.size)
 
+    def result_part(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Where in a reduced ``buffer`` this rank's result lies (all that compression casts back)."""
+        total = buffer.numel() // self.size
+        return buffer[self.rank * total:(self.rank + 1) * total]
+
     def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
              on_sent: Callable[[], None] | None = None) -> Reduced:
         if self.pairwise is not None:
             return [self.pairwise.reduce_scatter(buffer) for buffer in buffers]
-        futures = []
-        for buffer in buffers:
-            total = buffer.numel() // self.size
-            mine = buffer[self.rank * total:(self.rank + 1) * total]
-            futures.append(dist.reduce_scatter_single(mine, buffer, group=self.group, async_op=True).get_future())
-        return futures
+        return [dist.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group,
+                                           async_op=True).get_future() for buffer in buffers]
 
     def close(self, wait: bool) -> None:
         if self.pairwise is not None:

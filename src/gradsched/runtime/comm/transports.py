@@ -23,17 +23,17 @@ def make_transport(topology: Topology, names: Sequence[str], params: Sequence[to
                    comm_hook: tuple[Any, Callable] | None = None, shards: Shards | None = None) -> Transport:
     """The transport of a worker of ``topology`` whose gradients are ``params``; ``comm_hook``:
     (state, hook), the state already given gradsched's data group (gradsched.runtime.comm.comm_hook)."""
+    wire = wire_dtype(compression)
     if shards is not None:  # its all-gathers travel the way its reduce-scatters do
         shards.pairwise = pairwise_for(topology.data)
-        return ReduceScatter(topology.data, shards.pairwise)
-    if comm_hook is not None:
+        transport: Transport = ReduceScatter(topology.data, shards.pairwise)
+    elif comm_hook is not None:
         state, hook = comm_hook
         return HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank)
-    wire = wire_dtype(compression)
-    if topology.servers:
+    elif topology.servers:
         dtype_of = {n: wire or p.dtype for n, p in zip(names, params)}
-        transport: Transport = PushPull(topology.data, topology.plans, topology.rank, topology.servers,
-                                        topology.num_workers, dtype_of, versions)
+        transport = PushPull(topology.data, topology.plans, topology.rank, topology.servers,
+                             topology.num_workers, dtype_of, versions)
     else:
         transport = AllReduce(topology.data)
     return transport if wire is None else Compressed(transport, wire)

@@ -121,7 +121,6 @@ def check_sharded(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None
     refused = [
         (any(p.device.type != "cpu" for p in params), "CUDA parameters (it runs on CPU tensors for now)"),
         (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
-        (config.compression is not None, f"compression={config.compression!r}"),
         (config.find_unused_parameters, "find_unused_parameters=True"),
     ]
     for failed, what in refused:

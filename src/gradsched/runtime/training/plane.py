@@ -55,7 +55,8 @@ class Plane:
         self.rank, self.world_size = co.rank, co.world_size
         config = co.config
         sharded = config.architecture == "sharded"  # plans over shards (gradsched.runtime.comm.sharded)
-        self.shards = Shards(self.names, self.params, self.rank, self.world_size) if sharded else None
+        self.shards = Shards(self.names, self.params, self.rank, self.world_size,
+                                                config.compression) if sharded else None
         self.tensors = self.shards.specs() if sharded else tensor_specs(
             self.names, self.params, travelling_dtype(config.compression, comm_hook))
         versions = PlanVersions(initial_plan(self.tensors, co.policy, config.plan_architecture))

@@ -77,6 +77,7 @@ class ShardedStep:
         """Update this rank's shards with ``snapshot``; queue the gathers of ``plan``'s messages."""
         everything = range(len(self.shards.params))
         self.wait_all()  # the previous step's gathers (a step without a forward between)
+        self.shards.refresh()  # with compression: masters of parameters someone else wrote
         self.handover.wait(everything, "all gradients (the sharded step)")
         if self.updates.optimizer is not None:
             with self._on_shards(everything):
