@@ -11,8 +11,8 @@ a column gives how busy the host's CPUs were computing only / communicating only
 the servers /] over the policies' runs (lowest-highest), and with parameter servers a
 column gives the communication alone through the servers (docs/bench.md); with ``--compression``,
 a column gives the communication alone in the wire dtype (what the compressed runs' predictions use); where runs
-hold different optimizer state per rank (``--sharded``, ``ddp-zero``), a line after the table gives each run's,
-measured. Runs with ``--autotune``
+hold different optimizer state per rank (``--sharded``, ``ddp-zero``, ``fsdp2``), a line after the table gives each
+run's, measured, and one its peak memory per rank (gradsched.bench.memory). Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
 
@@ -80,22 +80,23 @@ def table(data: dict) -> str:
                          + (f" / {gain:.2f}x{fell_back}" if gain else fell_back))
         lines.append(f"| {_where(bandwidth)} | {setting['compute_s'] * 1e3:.0f} | {setting['comm_s'] * 1e3:.0f} | "
                      + "".join(f"{m} | " for m in measured) + f"{_bounds(setting)} | " + " | ".join(cells) + " |")
-    state = _state(results, policies)
-    return "\n".join(lines + ([""] + [state] if state else [])) + "\n"
+    state = _state(results, policies, "optimizer_state_bytes", "Optimizer state per rank (measured)")
+    peak = _state(results, policies, "peak_memory_bytes", "Peak memory per rank (rank 0's resident set, measured)") \
+        if state else ""
+    return "\n".join(lines + [line for text in (state, peak) if text for line in ("", text)]) + "\n"
 
 
-def _state(results: list[dict], policies: list[str]) -> str:
-    """The optimizer's state per rank, measured (runs that report it), against the reference's."""
+def _state(results: list[dict], policies: list[str], key: str, title: str) -> str:
+    """Memory per rank, measured (runs that report ``key``), each against the largest."""
     held = {}
     for policy in policies:
-        sizes = [r["optimizer_state_bytes"] for r in results if r["policy"] == policy
-                 and r.get("optimizer_state_bytes") is not None]
+        sizes = [r[key] for r in results if r["policy"] == policy and r.get(key) is not None]
         if sizes:
             held[policy] = max(sizes)
     if not held or len(set(held.values())) == 1:
         return ""
     full = max(held.values())
-    return "Optimizer state per rank (measured): " + ", ".join(
+    return f"{title}: " + ", ".join(
         f"{policy} {size / 2**20:.1f} MiB ({size / full:.2f}x)" for policy, size in held.items()) + "."
 
 

@@ -26,7 +26,8 @@ def figure(name: str) -> dict:
 
 @pytest.mark.parametrize("name", ["bench-replay-resnet50", "bench-replay-transformer", "bench-replay-vgg16-balance",
                                   "bench-replay-resnet50-ps", "bench-k3-resnet50", "bench-k3-transformer",
-                                  "bench-k3-vgg16-balance", "bench-k3-ps-resnet50"])
+                                  "bench-k3-vgg16-balance", "bench-k3-ps-resnet50",
+                                  "bench-sharded-resnet50-k3"])
 def test_the_readme_measured_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in README
 

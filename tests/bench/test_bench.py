@@ -318,3 +318,26 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     assert len(tuned) == 3 and tuned[2].startswith("| loopback | bytescheduler | partition 4 MiB, credit 16 MiB (")
     final = rows["bytescheduler+autotune"]["iteration_s"] * 1e3
     assert f"{rows['bytescheduler']['iteration_s'] * 1e3:.0f} -> {final:.0f}" in tuned[2]
+
+
+def test_sharded_rows_beside_ddp_zero_and_fsdp2_on_loopback():
+    """What a user would pick instead of architecture="sharded" (DDP + ZeroRedundancyOptimizer,
+    FSDP2's fully_shard with and without resharding) runs beside it; each row carries the
+    optimizer state its rank 0 held and its peak memory (measured), and FSDP2's are predicted by
+    gradsched.sim.fsdp."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--loopback", "--iters", "3",
+         "--warmup", "1", "--policy", "ddp,ddp-zero,fsdp2,fsdp2-noreshard,fifo", "--sharded", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["policy"]: r for r in json.loads(out.stdout)["results"]}
+    assert list(rows) == ["ddp", "ddp-zero", "fsdp2", "fsdp2-noreshard", "fifo", "fifo+sharded"]
+    whole = rows["ddp"]["optimizer_state_bytes"]
+    assert whole == rows["fifo"]["optimizer_state_bytes"] == 4 * 2_101_248  # a momentum buffer per parameter
+    for name in ("fsdp2", "fsdp2-noreshard", "fifo+sharded"):  # every tensor split in two
+        assert rows[name]["optimizer_state_bytes"] == whole // 2, name
+    assert rows["ddp-zero"]["optimizer_state_bytes"] < whole  # whole tensors split by size
+    assert all(rows[name]["predicted_s"] > 0 for name in ("fsdp2", "fsdp2-noreshard", "fifo", "fifo+sharded"))
+    assert rows["ddp"]["predicted_s"] is None and rows["ddp-zero"]["predicted_s"] is None
+    assert all(r["peak_memory_bytes"] > whole for r in rows.values())  # at least the model and its gradients

@@ -23,6 +23,7 @@ from ..core.base import PolicyConfig
 from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.bounds import raises_bound
+from ..sim.fsdp import fsdp_iteration_s
 from ..units import format_bytes
 from .dilation import (AUTO_CPU_SHARE, AUTO_RAISES, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation,
                        undilate)
@@ -31,8 +32,11 @@ from .processes import Processes, free_port, read_result, starts
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run, WorkerConfig
 from .workloads import workload
 
-# ddp-bf16/-fp16: DDP with a compression hook; ddp-zero: DDP with torch's ZeroRedundancyOptimizer
-BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16", "ddp-zero")
+# ddp-bf16/-fp16: DDP with a compression hook; ddp-zero: DDP with torch's ZeroRedundancyOptimizer;
+# fsdp2: torch's fully_shard per layer (its default, resharding after forward), fsdp2-noreshard:
+# reshard_after_forward=False (ZeRO-2-like)
+FSDP2 = {"fsdp2": True, "fsdp2-noreshard": False}  # -> reshard_after_forward
+BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16", "ddp-zero", *FSDP2)
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,8 @@ class BenchConfig:
                                  "policy over the servers: drop them from --policy")
         elif self.servers:
             raise ValueError("--servers only applies to --arch ps")
-        if self.sharded and (self.arch != "allreduce" or self.compression is not None):
-            raise ValueError("--sharded runs beside all-reduce, uncompressed: drop --arch ps and --compression")
+        if self.sharded and self.arch != "allreduce":
+            raise ValueError("--sharded runs beside all-reduce: drop --arch ps")
         if isinstance(self.procs_per_node, bool) or not isinstance(self.procs_per_node, int) \
                 or self.procs_per_node < 1:
             raise ValueError(f"--procs-per-node must be a whole number >= 1, got {self.procs_per_node!r}")
@@ -278,6 +282,9 @@ def _figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: d
             ran = _ran(config, policy, result, table.gradient_bytes / work.table.gradient_bytes)
             where = link_cluster(link, config.workers, sharded=True) if run.sharded else predicting
             row["predicted_s"] = predict(scaled(table, compute), where, ran)
+        elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
+            row["predicted_s"] = fsdp_iteration_s(scaled(work.table, compute),
+                                                  link_cluster(link, config.workers, sharded=True), FSDP2[base])
         setting.rows.append(row)
     return setting
 

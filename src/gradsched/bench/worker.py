@@ -33,8 +33,10 @@ from gradsched.runtime.comm.ps import cut, message_tag
 
 from .ddp_trace import DdpTracer
 from .host import HostCpu
+from .memory import PeakMemory
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
-from .workloads import ReplayOptimizer, workload
+from .runner import FSDP2
+from .workloads import ReplayOptimizer, local, workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
 TRIAL_ROUNDS = 5
@@ -87,10 +89,23 @@ def _zero(model: torch.nn.Module, template: torch.optim.Optimizer) -> torch.opti
     return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(template), **kwargs)
 
 
+def _fully_shard(model: torch.nn.Module, reshard_after_forward: bool) -> None:
+    """torch's FSDP2 as its documentation applies it: ``fully_shard`` on each block (a replay's
+    layers, a real model's top-level modules with parameters), then on the whole model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    blocks = list(model.layers) if hasattr(model, "layers") else [m for m in model.children() if any(m.parameters())]
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer holds as state on this rank (measured, not computed)."""
-    local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: its rank's own optimizer
-    return sum(v.numel() * v.element_size() for state in local.state.values() for v in state.values()
+    own = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: its rank's own optimizer
+    return sum(local(v).numel() * v.element_size() for state in own.state.values() for v in state.values()
                if torch.is_tensor(v))
 
 
@@ -159,6 +174,14 @@ class _Rank:
             best = (0.0, best[1], self._timed(name, self.step(_ddp(model, best[1], run.policy), opt, run),
                                               self.iters, 1), best[3])
         return {"times": best[2], "bucket_cap_mb": best[1], "optimizer_state_bytes": best[3]}
+
+    def fsdp(self, run: Run) -> dict:
+        """FSDP2: ``fully_shard`` per block, resharding after forward (fsdp2) or not (fsdp2-noreshard)."""
+        model, _ = self.fresh()
+        _fully_shard(model, FSDP2[run.policy])
+        opt = self.work.optimizer(model)  # over the sharded parameters
+        times = self._timed(run.name, self.step(model, opt, run), self.iters, self.warmup)
+        return {"times": times, "optimizer_state_bytes": optimizer_state_bytes(opt)}
 
     def gradsched(self, run: Run) -> dict | None:
         """A gradsched policy (None on a parameter server, which only served it)."""
@@ -282,11 +305,13 @@ def run(config: WorkerConfig) -> None:
     dist.init_process_group("gloo")
     rank = _Rank(config)
     results: dict[str, dict] = {}
+    memory = PeakMemory()
     for k, one in enumerate(config.runs):
         emit("progress", policy=one.name, index=k, total=rank.phases)
-        result = rank.ddp(one) if one.is_ddp else rank.gradsched(one)
+        memory.start()
+        result = rank.ddp(one) if one.is_ddp else rank.fsdp(one) if one.is_fsdp else rank.gradsched(one)
         if result is not None:
-            results[one.name] = result
+            results[one.name] = {**result, "peak_memory_bytes": memory.stop()}
     baselines = rank.baselines()  # the servers take part in communication only
     if baselines is not None:
         emit("result", policies=results, **baselines)

@@ -110,6 +110,11 @@ class Pacer:
         self.resumed, self.cpu = self.clock(), self.cpu_clock()
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor FSDP2 shards (a DTensor); a plain tensor is all its own."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 class ReplayOptimizer(torch.optim.Optimizer):
     """SGD with momentum as a replay: each ``step()`` is one device op of the time the update
     takes at the device's memory bandwidth (five passes over the updated parameters: read
@@ -130,8 +135,8 @@ class ReplayOptimizer(torch.optim.Optimizer):
         nbytes = 0
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    nbytes += p.numel() * p.element_size()
+                if p.grad is not None:  # this rank's part under FSDP2
+                    nbytes += local(p).numel() * p.element_size()
                     if "momentum_buffer" not in self.state[p]:  # held as SGD holds it (never computed on)
                         self.state[p]["momentum_buffer"] = torch.zeros_like(p)
         if nbytes:
@@ -162,10 +167,13 @@ class ReplayLayer(nn.Module):
         self.weights = nn.ParameterList([nn.Parameter(torch.zeros(n)) for n in sizes])
         self._buffers_out: list[torch.Tensor | None] = [None] * len(sizes)
         self._hooks = []
+        self._hooked: list[int] = []
         self.track_gradients()
 
     def track_gradients(self) -> None:
-        """Register the hooks that keep each gradient buffer for the next iteration."""
+        """Register the hooks that keep each gradient buffer for the next iteration (again
+        whenever the parameters are replaced: FSDP2 computes with parameters of its own)."""
+        self._hooked = [id(p) for p in self.weights]
         # The hooks live in the parameters, out of sight of Python's cycle collector: they
         # must not hold the layer (which holds the parameters), or no model is ever freed.
         keep = weakref.WeakMethod(self._keep)
@@ -185,6 +193,8 @@ class ReplayLayer(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if [id(p) for p in self.weights] != self._hooked:
+            self.track_gradients()
         return _ReplayOp.apply(x, self, *self.weights)
 
 
