@@ -80,9 +80,11 @@ class Layouts:
 
     def of(self, adopted: Adopted) -> BufferLayout:
         with self._lock:
+            # the layouts of plans no round follows any more go at once (each holds a flat
+            # buffer as large as the gradients), not when the next plan's is made
+            self._made = {v: l for v, l in self._made.items() if v in self.versions}
             layout = self._made.get(adopted.version)
             if layout is None:
-                self._made = {v: l for v, l in self._made.items() if v in self.versions}
                 layout = self._made[adopted.version] = self.make(adopted.plan)
             return layout
 
