@@ -51,18 +51,18 @@ LATE = {"on": False}  # the slow scenario runs
 
 
 def slow_head_gathers() -> None:
-    """While ``LATE["on"]``, every all-gather that carries the head's weight copies its result
-    0.1 s late."""
+    """While ``LATE["on"]``, every all-gather that carries the head's weight is issued 0.1 s
+    late on every rank, so its parameters land at least that late."""
     from gradsched.runtime.comm.sharded import Shards
 
-    unpack = Shards.unpack
+    gather = Shards.gather
 
-    def late(self, slices, gathered):
-        if LATE["on"] and any(name.startswith("head.") for name, _, _ in slices):
+    def late(self, message, group):
+        if LATE["on"] and any(name.startswith("head.") for name, _, _ in message.slices):
             time.sleep(0.1)
-        unpack(self, slices, gathered)
+        return gather(self, message, group)
 
-    Shards.unpack = late
+    Shards.gather = late
 
 
 def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False,

@@ -17,7 +17,10 @@ its slices, then rank 1's, ...), which is what ``reduce_scatter_tensor`` and
   :class:`ReduceScatter` transport divides it by ``n`` and reduce-scatters it in place, and
   this rank's part, the average of its shard, is copied into :attr:`Shards.grads`;
 * after the step: :meth:`Shards.gather` packs this rank's updated shard of a message and
-  all-gathers it; the result is copied back into the parameters.
+  all-gathers it; the result is copied back into the parameters. On gloo, uncompressed, no
+  buffer is packed: each rank sends its part of every slice from the parameter's own memory
+  and receives the others' parts straight into theirs (:meth:`Pairwise.exchange`), so the
+  all-gathers, all issued at the step, hold no memory of their own and copy nothing.
 
 With compression (``compression="bf16"``/``"fp16"``) both phases travel in the wire dtype: the
 gradients as for an all-reduce (divided, cast, reduce-scattered, cast back), and the
@@ -148,10 +151,23 @@ class Shards:
                         self._written[i] = torch_private.version(self.params[i])
                     position += count
 
+    def _spans(self, slices: Sequence[Slice], r: int) -> list[torch.Tensor]:
+        """Rank ``r``'s part of each of ``slices`` that holds elements, as views of the parameters."""
+        views = []
+        for name, first, count in slices:
+            i = self.index[name]
+            start, end = self._span(i, r, first, count)
+            if end > start:
+                views.append(self.params[i].detach().view(-1)[start:end])
+        return views
+
     def gather(self, message: PlannedMessage, group: dist.ProcessGroup) -> torch.futures.Future:
         """All-gather the parameters of ``message`` from their owners; a future that completes
         once they are back in the parameters (issued on the calling thread)."""
         slices = message.slices
+        if self.pairwise is not None and self.wire is None:  # in place, no buffer
+            return self.pairwise.exchange(self._spans(slices, self.rank),
+                                          {r: self._spans(slices, r) for r in range(self.world) if r != self.rank})
         mine = torch.cat([part for name, first, count in slices for part in self._own(self.index[name], first, count)])
         if self.wire is not None:
             mine = mine.to(self.wire)
@@ -209,9 +225,12 @@ class Pairwise:
         self.waiter = Waiter()
         self._issued = 0
 
-    def _tag(self) -> int:
-        self._issued += 1
-        return self._issued % (1 << 30)
+    def _tag(self, count: int = 1) -> int:
+        """The first of ``count`` tags of their own (the same on every rank: the launcher
+        issues in one order)."""
+        first = self._issued + 1
+        self._issued += count
+        return first % (1 << 30)
 
     def reduce_scatter(self, buffer: torch.Tensor) -> torch.futures.Future:
         """This rank's part of ``buffer`` (n equal parts) summed over the ranks, in place: its own
@@ -240,6 +259,18 @@ class Pairwise:
         works += [dist.irecv(gathered[j * total:(j + 1) * total], group_src=j, group=self.group, tag=tag)
                   for j in range(n) if j != r]
         return self.waiter.track(works, result=[gathered])
+
+    def exchange(self, mine: Sequence[torch.Tensor], theirs: dict[int, Sequence[torch.Tensor]]) -> torch.futures.Future:
+        """An all-gather in place: ``mine`` (views of this rank's part) sent to every other rank,
+        each rank ``j``'s parts received into ``theirs[j]`` (views where they belong), the k-th
+        tensor of every rank's part on a tag of its own."""
+        count = max([len(mine), *map(len, theirs.values())])
+        base = self._tag(max(count, 1))
+        works = [dist.isend(t, group_dst=j, group=self.group, tag=(base + k) % (1 << 30))
+                 for j in theirs for k, t in enumerate(mine)]
+        works += [dist.irecv(t, group_src=j, group=self.group, tag=(base + k) % (1 << 30))
+                  for j, parts in theirs.items() for k, t in enumerate(parts)]
+        return self.waiter.track(works)
 
     def close(self, wait: bool) -> None:
         self.waiter.stop(5.0 if wait else 0.5)
