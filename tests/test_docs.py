@@ -45,7 +45,7 @@ def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_
                                   "bench-ps-resnet50-direction-k3", "bench-ps-resnet50-pieces-k3",
                                   "bench-bytescheduler-original-k3", "bench-bytescheduler-amortise-k3",
                                   "bench-sharded-resnet50-k3", "bench-sharded-vgg16-k3",
-                                  "bench-sharded-resnet50-sweep-k3"])
+                                  "bench-sharded-resnet50-sweep-k3", "bench-sharded-resnet50-k3-inplace"])
 def test_the_bench_docs_tables_are_what_their_json_prints(name):
     assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
 
