@@ -14,7 +14,8 @@ from gradsched.runtime.comm.comm_hook import HookTransport, wire_dtype_of
 from gradsched.runtime.comm.compression import Compressed, wire_dtype
 from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.comm.ps import PushPull
-from gradsched.runtime.comm.sharded import ReduceScatter, Shards, pairwise_for
+from gradsched.runtime.comm.pairwise import pairwise_for
+from gradsched.runtime.comm.sharded import ReduceScatter, Shards
 from gradsched.runtime.comm.transport import AllReduce, Transport
 
 
