@@ -56,16 +56,6 @@ class Pairwise:
 
         return self.waiter.track(works).then(summed)
 
-    def all_gather(self, gathered: torch.Tensor, mine: torch.Tensor) -> torch.futures.Future:
-        """Every rank's ``mine`` into ``gathered``, rank-major."""
-        n, r, tag = self.size, self.rank, self._tag()
-        total = mine.numel()
-        gathered[r * total:(r + 1) * total].copy_(mine)
-        works = [dist.isend(mine, group_dst=j, group=self.group, tag=tag) for j in range(n) if j != r]
-        works += [dist.irecv(gathered[j * total:(j + 1) * total], group_src=j, group=self.group, tag=tag)
-                  for j in range(n) if j != r]
-        return self.waiter.track(works, result=[gathered])
-
     def exchange(self, mine: Sequence[torch.Tensor], theirs: dict[int, Sequence[torch.Tensor]]) -> torch.futures.Future:
         """An all-gather in place: ``mine`` (views of this rank's part) sent to every other rank,
         each rank ``j``'s parts received into ``theirs[j]`` (views where they belong), the k-th

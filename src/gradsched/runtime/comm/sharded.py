@@ -52,6 +52,15 @@ from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
 Slice = tuple[str, int, int]  # (tensor, first element, number of elements), in shard coordinates
 
 
+def _padded(flat: torch.Tensor, start: int, end: int, count: int) -> list[torch.Tensor]:
+    """``flat[start:end]`` followed by zeros up to ``count`` elements (padding past a parameter's end)."""
+    parts = [flat[start:end]] if end > start else []
+    missing = count - max(0, end - start)
+    if missing:
+        parts.append(flat.new_zeros(missing))
+    return parts
+
+
 class Shards:
     """This rank's shard of every parameter, what its optimizer updates (a view of the
     parameter's own memory; with compression its master copy), and a buffer for its averaged
@@ -111,12 +120,7 @@ class Shards:
 
     def _part(self, flat: torch.Tensor, i: int, r: int, first: int, count: int) -> list[torch.Tensor]:
         """Elements ``[r * c + first, ... + count)`` of parameter ``i``'s flat ``flat``, padding as zeros."""
-        start, end = self._span(i, r, first, count)
-        parts = [flat[start:end]] if end > start else []
-        missing = count - max(0, end - start)
-        if missing:
-            parts.append(flat.new_zeros(missing))
-        return parts
+        return _padded(flat, *self._span(i, r, first, count), count)
 
     def pack(self, slices: Sequence[Slice], flats: Sequence[torch.Tensor]) -> torch.Tensor:
         """Rank-major: every rank's part of every slice of ``flats`` (one flat tensor per slice)."""
@@ -127,12 +131,7 @@ class Shards:
     def _own(self, i: int, first: int, count: int) -> list[torch.Tensor]:
         """Elements ``[first, first + count)`` of this rank's shard of parameter ``i``, padding as zeros."""
         shard = self.tensors[i]
-        end = min(first + count, shard.numel())
-        parts = [shard[first:end]] if end > first else []
-        missing = count - max(0, end - first)
-        if missing:
-            parts.append(shard.new_zeros(missing))
-        return parts
+        return _padded(shard, first, min(first + count, shard.numel()), count)
 
     def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
         """Every rank's parts of ``slices`` (rank-major ``gathered``) into the parameters; this
@@ -172,9 +171,12 @@ class Shards:
         mine = torch.cat([part for name, first, count in slices for part in self._own(self.index[name], first, count)])
         if self.wire is not None:
             mine = mine.to(self.wire)
-        gathered = mine.new_empty(mine.numel() * self.world)
-        if self.pairwise is not None:
-            future = self.pairwise.all_gather(gathered, mine)
+        total = mine.numel()
+        gathered = mine.new_empty(total * self.world)
+        if self.pairwise is not None:  # rank-major: rank r's part in slot r
+            slot = [gathered[r * total:(r + 1) * total] for r in range(self.world)]
+            slot[self.rank].copy_(mine)
+            future = self.pairwise.exchange([mine], {r: [slot[r]] for r in range(self.world) if r != self.rank})
         else:
             future = dist.all_gather_single(gathered, mine, group=group, async_op=True).get_future()
 
