@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: a short real run on the emulated cluster at its balance point (DDP against
-# prophet, replay ResNet-50, time-dilated K=3 as the README's tables are, so that the 2-core
+# prophet, replay ResNet-50, time-dilated K=3 as the README's headline is, so that the 2-core
 # host measures the schedule rather than itself; about three minutes; skipped, and said so,
 # without root and iproute2), then every policy on VGG-16 and ResNet-50, 16 workers, over a
 # bandwidth sweep in the simulator.

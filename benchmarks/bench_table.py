@@ -1,4 +1,4 @@
-"""Markdown tables from ``gradsched bench --json`` output, as in the README.
+"""Markdown tables from ``gradsched bench --json`` output, as in docs/bench.md and the README.
 
     gradsched bench ... --json > out.json && python benchmarks/bench_table.py out.json
 
@@ -19,12 +19,19 @@ kept, each with its measured arm time, and the final iteration times untuned and
     python benchmarks/bench_table.py --tuning "LABEL=FILE.json" ...
 
 prints one such table for several runs, each row labelled (and DDP's time, placed where
-the label says "{ddp}", or after it), as in docs/tuning.md.
+the label says "{ddp}", or after it), as in docs/bench.md.
+
+    python benchmarks/bench_table.py --headline
+
+prints the README's table: each workload of ``HEADLINE`` at its balance point (of the
+settings in its JSON, the one whose compute and communication alone are closest).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import pathlib
 import sys
 
 from gradsched.sim.bounds import raises_bound
@@ -143,7 +150,51 @@ def tuning_summary(labelled: list[tuple[str, dict]]) -> str:
     tables = [t for t in tables if t]
     return "\n".join(tables[0][:2] + [line for t in tables for line in t[2:]]) + "\n" if tables else ""
 
+# The README's headline: (label, JSON under docs/figures, the baseline, the suffix of the scheduled policies' rows)
+HEADLINE = (("ResNet-50, 2 workers", "bench-k3-resnet50", "ddp", ""),
+            ("Transformer, 2 workers", "bench-k3-transformer", "ddp", ""),
+            ("VGG-16, 2 workers", "bench-k3-vgg16-balance", "ddp", ""),
+            ("ResNet-50, 2 workers + 2 servers", "bench-k3-ps-resnet50", "fifo", ""),
+            ("ResNet-50, 2 workers, sharded (1/2 the optimizer state)", "bench-sharded-resnet50-k3", "ddp-zero",
+             "+sharded"))
+BASELINES = {"ddp": "DDP", "fifo": "fifo", "ddp-zero": "DDP + ZeRO"}
+FIGURES = pathlib.Path(__file__).resolve().parents[1] / "docs" / "figures"
+
+
+def _balance(data: dict) -> dict:
+    """The setting whose compute and communication alone are the closest to equal."""
+    return min(data["settings"], key=lambda s: abs(math.log(s["comm_s"] / s["compute_s"])))
+
+
+def headline(entries=HEADLINE, figures: pathlib.Path = FIGURES) -> str:
+    """One row per workload at its balance point: the baseline, bytescheduler and prophet, each
+    "ms (ratio to the bound)", and prophet's speed-up over the baseline."""
+    rows, dilations = [], set()
+    for label, name, baseline, suffix in entries:
+        data = json.loads((figures / f"{name}.json").read_text())
+        dilations.add(data.get("dilation", 1))
+        setting = _balance(data)
+        at = {r["policy"]: r for r in data["results"] if r["bandwidth_gbps"] == setting["bandwidth_gbps"]}
+
+        def cell(policy: str) -> str:
+            row = at.get(policy)
+            return f"{row['iteration_s'] * 1e3:.0f} ({row['ratio_to_bound']:.2f}x)" if row else "-"
+
+        gain = at[baseline]["iteration_s"] / at["prophet" + suffix]["iteration_s"]
+        rows.append(f"| {label} | {setting['bandwidth_gbps']:.3g} | {setting['compute_s'] * 1e3:.0f} / "
+                    f"{setting['comm_s'] * 1e3:.0f} | {_bounds(setting)} | {BASELINES[baseline]} {cell(baseline)} | "
+                    f"{cell('bytescheduler' + suffix)} | {cell('prophet' + suffix)} | {gain:.2f}x |")
+    (k,) = dilations
+    return "\n".join([f"Balance points, time-dilated K={k:g} (times / K), one run each; each cell: median iteration "
+                      "ms (ratio to the bound):", "",
+                      "| workload | Gbit/s | compute / comm ms | bound ms | baseline | bytescheduler | prophet | "
+                      "prophet vs baseline |", "|---|---:|---:|---:|---|---:|---:|---:|", *rows]) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--headline"]:
+        print(headline(), end="")
+        raise SystemExit(0)
     if sys.argv[1:2] == ["--tuning"]:  # --tuning "LABEL=FILE.json" ...: one table of the tuned runs (docs/tuning.md)
         runs = []
         for item in sys.argv[2:]:

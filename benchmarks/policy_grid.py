@@ -2,19 +2,23 @@
 behind the best of fifo (DDP) and bytescheduler?
 
     python benchmarks/policy_grid.py [--models ...] [--workers 4,16,64] [--archs allreduce,ps]
-                                     [--bandwidths 1,3,10,25,100] [--policy prophet] [--cases]
+                                     [--bandwidths 1,3,10,25,100] [--policy prophet] [--cases] [--json FILE]
+    python benchmarks/policy_grid.py --summary FILE     # the summary again, from the JSON
 
 Each case is one model, worker count, architecture and bandwidth (V100 preset, batch 32,
 50 us latency unless --latency, no per-message cost unless --overhead, each policy with its
 default options). Printed: for the policy under test,
 how many cases it is more than 1%, 2% and 5% slower than the best of fifo and bytescheduler,
-the worst case, how many it is ahead by more than 1%, and (--cases) every case.
+the worst case, how many it is ahead by more than 1%, and (--cases) every case. ``--json``
+writes the cases (docs/figures/sim-policy-grid.json, which docs/simulator.md's summary is
+checked against).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import time
 
@@ -44,7 +48,7 @@ def grid(models, workers, archs, bandwidths, policy: str, progress=None, latency
 
 def summary(cases: list[dict], policy: str) -> str:
     behind = [c["behind"] for c in cases]
-    worst = max(cases, key=lambda c: c["behind"])
+    worst = max(cases, key=lambda c: (round(c["behind"], 4), _label(c)))  # ties: the same case on every machine
     lines = [f"{policy} against the best of {' and '.join(REFERENCES)}, {len(cases)} cases:"]
     for threshold in (0.01, 0.02, 0.05):
         lines.append(f"  more than {threshold:.0%} slower: {sum(b > threshold for b in behind)}")
@@ -67,7 +71,14 @@ def main() -> None:
     parser.add_argument("--latency", default="50us", help="per-message latency (default 50us)")
     parser.add_argument("--overhead", default="0", help="serial per-message cost, e.g. 0.7ms (default 0)")
     parser.add_argument("--cases", action="store_true", help="print every case")
+    parser.add_argument("--json", metavar="FILE", help="also write the policy and the cases as JSON")
+    parser.add_argument("--summary", metavar="FILE", help="print the summary of a JSON written by --json")
     args = parser.parse_args()
+    if args.summary:
+        with open(args.summary) as f:
+            data = json.load(f)
+        print(summary(data["cases"], data["policy"]))
+        return
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
@@ -83,6 +94,10 @@ def main() -> None:
         for c in sorted(cases, key=lambda c: -c["behind"]):
             times = "  ".join(f"{p} {t * 1e3:8.1f}" for p, t in c["times"].items())
             print(f"{_label(c):<28} {c['behind']:+6.1%}  {times}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"policy": args.policy, "latency_s": parse_duration(args.latency),
+                       "overhead_s": parse_duration(args.overhead), "cases": cases}, f, indent=1)
     print(summary(cases, args.policy))
     print(f"({time.perf_counter() - started:.0f} s)")
 

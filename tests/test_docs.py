@@ -1,16 +1,32 @@
-"""The measured figures can be checked: each table of the README, docs/tuning.md and docs/runtime.md is
-exactly what a script in benchmarks/ prints from the JSON committed under docs/figures."""
+"""The docs can be checked: every measured table in the README and under docs/ is exactly what a
+script in benchmarks/ prints from the JSON committed under docs/figures, wherever the table
+lives; no table is there that no JSON prints; docs/bench.md gives each result its command,
+date and commit, newest first; and every link and quoted section between the pages exists."""
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import importlib.util
+import io
 import json
 import pathlib
+import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
+PAGES = {"README.md": README, **{f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}}
+
+# bench JSON whose figures the pages quote in their prose instead of a table (each must still be named)
+PROSE_ONLY = {"bench-mtu1500-resnet50", "bench-mtu65000-resnet50", "bench-sharded-resnet50-k3-run1",
+              "bench-sharded-resnet50-k3-run2", "bench-sharded-resnet50-k3-run3", "redesign-before-sweep",
+              "redesign-before-sweep2", "redesign-after-sweep", "redesign-after-sweep2",
+              # shown otherwise: the README's demo sentence, the online tuning summary (each checked below)
+              "demo-resnet50-k3", "tune-online-resnet50", "tune-online-resnet50-poor-start", "tune-online-transformer"}
+BENCH_TITLE = re.compile(r"^\*\*[\w-]+\*\*, \d+ workers", re.M)
 
 
 def script(name: str):
@@ -21,47 +37,81 @@ def script(name: str):
 
 
 def figure(name: str) -> dict:
-    return json.loads((ROOT / "docs" / "figures" / f"{name}.json").read_text())
+    return json.loads((DOCS / "figures" / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["bench-replay-resnet50", "bench-replay-transformer", "bench-replay-vgg16-balance",
-                                  "bench-replay-resnet50-ps", "bench-k3-resnet50", "bench-k3-transformer",
-                                  "bench-k3-vgg16-balance", "bench-k3-ps-resnet50",
-                                  "bench-sharded-resnet50-k3"])
-def test_the_readme_measured_tables_are_what_their_json_prints(name):
-    assert script("bench_table").table(figure(name)) in README
+def bench_figures() -> list[str]:
+    """Every committed output of ``gradsched bench --json``."""
+    names = []
+    for path in sorted((DOCS / "figures").glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and {"model", "settings", "results"} <= data.keys():
+            names.append(path.stem)
+    return names
 
 
-@pytest.mark.parametrize("name", ["bench-clip-resnet50", "bench-clip-resnet50-own-plans", "bench-bf16-resnet50",
-                                  "bench-bf16-transformer", "bench-ps-resnet50-uncompressed", "bench-bf16-ps-resnet50"])
-def test_the_clipping_and_compression_tables_of_the_runtime_docs_are_what_their_json_prints(name):
-    assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "runtime.md").read_text()
+def rendered_bench_tables() -> dict[str, str]:
+    table = script("bench_table").table
+    return {name: table(figure(name)) for name in bench_figures() if name not in PROSE_ONLY}
 
 
-@pytest.mark.parametrize("name", ["bench-4workers-resnet50", "bench-4workers-ps-resnet50", "bench-8workers-resnet50",
-                                  "dataplane-before-sweep", "dataplane-after-sweep", "bench-vgg16-balance-jumbo",
-                                  "bench-vgg16-balance-jumbo-k3", "bench-resnet50-balance-jumbo-k3",
-                                  "bench-ps-resnet50-jumbo-k3", "bench-transformer-jumbo-k3",
-                                  "bench-ps-resnet50-direction-k3", "bench-ps-resnet50-pieces-k3",
-                                  "bench-bytescheduler-original-k3", "bench-bytescheduler-amortise-k3",
-                                  "bench-sharded-resnet50-k3", "bench-sharded-vgg16-k3",
-                                  "bench-sharded-resnet50-sweep-k3", "bench-sharded-resnet50-k3-inplace"])
-def test_the_bench_docs_tables_are_what_their_json_prints(name):
-    assert script("bench_table").table(figure(name)) in (ROOT / "docs" / "bench.md").read_text()
+def bench_tables_in(text: str) -> list[str]:
+    """Each bench table of a page: its title line to its last row."""
+    found = []
+    for match in BENCH_TITLE.finditer(text):
+        lines = text[match.start():].splitlines()
+        end = 2
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        found.append("\n".join(lines[:end]))
+    return found
 
 
-def test_the_readme_overhead_table_is_what_its_json_prints():
-    assert script("runtime_overhead").table(figure("runtime-overhead")) in README
-    assert script("runtime_overhead").table(figure("runtime-overhead-handoff")) in README
-    assert script("runtime_overhead").table(figure("runtime-overhead-compile")) in README
+def test_every_bench_figure_is_shown_or_named_somewhere():
+    assert len(bench_figures()) > 30
+    everything = "\n".join(PAGES.values())
+    missing = [name for name, table in rendered_bench_tables().items() if table not in everything]
+    assert missing == [], f"no page shows the table of {missing}"
+    named = set()
+    for pattern in re.findall(r"figures/([\w.{},*-]+)\.json", everything):  # -run1.json, {a,b}, * as the pages write them
+        head, _, rest = pattern.partition("{")
+        choices, _, tail = rest.partition("}")
+        named |= {head + c + tail for c in choices.split(",")} if rest else {pattern}
+    unnamed = [name for name in PROSE_ONLY if not any(fnmatch.fnmatch(name, n) for n in named)]
+    assert unnamed == [], f"no page names {unnamed}"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_bench_table_of_a_page_is_what_a_json_prints(page):
+    rendered = list(rendered_bench_tables().values())
+    stale = [t.splitlines()[0] for t in bench_tables_in(PAGES[page]) if not any(t in r for r in rendered)]
+    assert stale == [], f"{page}: tables no committed JSON prints: {stale}"
+
+
+def test_the_readme_is_a_front_page_with_the_headline_table():
+    assert len(README.splitlines()) < 150
+    headline = script("bench_table").headline()
+    assert headline in README
+    assert "time-dilated K=3" in headline and "| VGG-16, 2 workers |" in headline
+    assert bench_tables_in(README) == []  # the measured tables live in docs/bench.md
+
+
+def test_the_overhead_tables_are_what_their_json_prints():
+    overhead = script("runtime_overhead").table
+    shown = {name: overhead(figure(name)) for name in ("runtime-overhead", "runtime-overhead-handoff",
+                                                         "runtime-overhead-compile")}
+    for name, table in shown.items():
+        assert table in PAGES["docs/bench.md"], name
+    for page, text in PAGES.items():  # and no other loopback table is shown anywhere
+        for block in re.findall(r"```\n(2 ranks, loopback.*?)```", text, re.S):
+            assert block in shown.values(), f"{page}: a loopback table no committed JSON prints"
 
 
 def test_the_online_tuning_table_is_what_its_json_prints():
     runs = [("ResNet-50", figure("tune-online-resnet50")),
             ("ResNet-50 ({ddp}), poor start, no fallback", figure("tune-online-resnet50-poor-start")),
             ("Transformer", figure("tune-online-transformer"))]
-    assert script("bench_table").tuning_summary(runs) in (ROOT / "docs" / "tuning.md").read_text()
-
+    assert script("bench_table").tuning_summary(runs) in PAGES["docs/bench.md"]
 
 
 def test_the_conformance_figures_are_what_their_json_prints():
@@ -74,7 +124,7 @@ def test_the_conformance_figures_are_what_their_json_prints():
     report = figure("conformance")
     assert report["tests"] == [s.name for s in selection.SELECTED]
     assert run.headline(report) in " ".join(README.split())  # the README's sentence may wrap
-    page = (ROOT / "docs" / "conformance.md").read_text()
+    page = PAGES["docs/conformance.md"]
     assert run.summary(report) in page and run.exclusions() in page
 
 
@@ -91,5 +141,124 @@ def test_the_demos_figures_are_what_its_json_says():
     assert said in text
 
 
-def test_the_sharded_simulation_table_is_what_its_json_prints():
-    assert script("sharded_table").table(figure("sharded-sim")) in (ROOT / "docs" / "simulator.md").read_text()
+def test_the_simulators_figures_are_what_their_json_prints():
+    page = PAGES["docs/simulator.md"]
+    assert script("sharded_table").table(figure("sharded-sim")) in page
+    assert script("sweep_table").tables(figure("sim-sweep")) in page
+    grid = figure("sim-policy-grid")
+    summary = script("policy_grid").summary(grid["cases"], grid["policy"])
+    assert "\n".join("  " + line for line in summary.splitlines()) in page
+
+
+def test_the_simulate_example_is_what_the_command_prints():
+    from gradsched.cli import main
+
+    page = PAGES["docs/simulator.md"]
+    command = "simulate --model resnet50 --workers 16 --bandwidth 10Gbit --arch allreduce --policy fifo,priority,bytescheduler,prophet"
+    assert f"gradsched {command}" in " ".join(page.split())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(command.split()) in (0, None)
+    assert out.getvalue() in page
+
+
+@pytest.mark.slow
+def test_the_simulators_json_is_what_a_fresh_simulation_gives():
+    sweep = figure("sim-sweep")
+    entries = sweep["sweeps"]
+    fresh = script("sweep_table").sweep(list(dict.fromkeys(e["model"] for e in entries)),
+                                        list(dict.fromkeys(e["arch"] for e in entries)), entries[0]["workers"],
+                                        [s["bandwidth_gbps"] for s in entries[0]["settings"]], sweep["iterations"])
+    assert json.loads(json.dumps(fresh)) == sweep
+    grid = figure("sim-policy-grid")
+    cases = grid["cases"]
+    again = script("policy_grid").grid(list(dict.fromkeys(c["model"] for c in cases)),
+                                       list(dict.fromkeys(c["workers"] for c in cases)),
+                                       list(dict.fromkeys(c["arch"] for c in cases)),
+                                       list(dict.fromkeys(c["gbps"] for c in cases)), grid["policy"],
+                                       latency_s=grid["latency_s"], overhead_s=grid["overhead_s"])
+    assert json.loads(json.dumps(again)) == cases
+
+
+ENTRY = re.compile(r"^### .*\((\d{4}-\d{2}-\d{2}), commits? ([0-9a-f]{7})", re.M)
+
+
+def bench_entries(section: str) -> list[tuple[str, str]]:
+    """(heading, text) of every entry of a section of docs/bench.md."""
+    page = PAGES["docs/bench.md"]
+    start = page.index(f"\n## {section}\n")
+    end = page.find("\n## ", start + 1)
+    body = page[start:end if end > 0 else None]
+    parts = re.split(r"^(### .*)$", body, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+def test_bench_results_are_newest_first_each_with_its_command_date_and_commit():
+    page = PAGES["docs/bench.md"]
+    for section in ("Results, newest first", "Superseded"):
+        entries = bench_entries(section)
+        assert len(entries) >= 4
+        dates = []
+        for heading, text in entries:
+            match = ENTRY.match(heading)
+            assert match, f"{heading!r} has no (date, commit)"
+            dates.append(match.group(1))
+            assert re.search(r"^(gradsched bench|python benchmarks/)", text, re.M), f"{heading}: no command"
+        if section.startswith("Results"):
+            assert dates == sorted(dates, reverse=True), "results are not newest first"
+    first_entry = page.index("\n## Results, newest first\n")
+    assert bench_tables_in(page[:first_entry]) == [], "a measured table outside the results"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def headings(text: str) -> list[str]:
+    return [h.strip() for h in re.findall(r"^#{1,4} (.*)$", text, re.M)]
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_link_between_the_pages_exists(page):
+    base = (ROOT / page).parent
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", PAGES[page]):
+        if re.match(r"\w+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        where = (base / path).resolve() if path else ROOT / page
+        if not where.exists():
+            broken.append(target)
+        elif anchor and anchor not in {slug(h) for h in headings(where.read_text())}:
+            broken.append(target)
+    assert broken == [], f"{page}: broken links {broken}"
+
+
+SECTION_REF = re.compile(r"(?:docs/)?([\w-]+\.md)(?:\]\([^)]*\))?,? \"([^\"]+)\"")
+
+
+def test_every_quoted_section_of_a_page_exists():
+    """`docs/guide.md, "Clipping"` and the like, in the pages, the source, the tests and the scripts."""
+    files = [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "examples").glob("*.py")]
+    wrong = []
+    for path in files:
+        text = " ".join(re.sub(r"\n\s*#\s?", "\n", path.read_text()).split())  # comments and wrapped lines as one line
+        for name, section in SECTION_REF.findall(text):
+            target = ROOT / name if name == "README.md" else DOCS / name
+            if not target.exists():
+                continue
+            page = target.read_text()
+            flat = " ".join(page.split())
+            if not any(h.startswith(section) for h in headings(page)) and f"**{section}" not in flat:
+                wrong.append(f"{path.relative_to(ROOT)}: {name} \"{section}\"")
+    assert wrong == [], "quoted sections that do not exist:\n" + "\n".join(wrong)
+
+
+def test_the_user_guide_and_the_internals_stay_short_and_the_index_names_every_page():
+    for page in ("docs/guide.md", "docs/internals.md"):
+        assert len(PAGES[page].splitlines()) <= 350, page
+    index = PAGES["docs/index.md"]
+    unlisted = [p for p in PAGES if p.startswith("docs/") and p != "docs/index.md" and f"]({p[5:]})" not in index]
+    assert unlisted == [], f"docs/index.md does not list {unlisted}"

@@ -121,7 +121,7 @@ _HOOK = ("runs DDP's post-local SGD ({}): after a number of steps it stops all-r
          "parameters every few steps through its own optimizer, which replaces the per-step reduction gradsched "
          "schedules")
 _CUDA = "needs CUDA by nature: {}"
-_REFUSED = "uses {}, which gradsched refuses at construction (docs/runtime.md)"
+_REFUSED = "uses {}, which gradsched refuses at construction (docs/guide.md)"
 _UPSTREAM_SKIP = "skipped upstream itself: {}"
 _TORCH_FAILS = "PyTorch's own DDP does not pass it on CPU, ported as the selected ones are (measured): {}"
 _TEXT = "asserts the wording of DDP's own error message ({})"

@@ -144,7 +144,7 @@ def test_a_dead_rank_makes_the_others_fail_quickly():
     report = json.loads(survivor.stdout.strip().splitlines()[-1])
     assert report["type"] == "GradschedError"
     assert report["steps"] >= 24
-    assert report["seconds_after_last_step"] < 10  # as its connections drop (docs/runtime.md)
+    assert report["seconds_after_last_step"] < 10  # as its connections drop (docs/guide.md, "Checks and errors")
 
 
 def test_a_policy_that_wins_its_trial_keeps_its_plans_and_trains_as_ddp(tmp_path):

@@ -81,4 +81,4 @@ def test_a_dead_rank_stops_the_others_with_a_clear_error(victim, what):
         report = json.loads(r.stdout.strip().splitlines()[-1])
         assert report["type"] == "GradschedError", report
         assert "server" in report["message"], report
-        assert report["seconds_after_last_step"] < 10, report  # as its connections drop (docs/runtime.md)
+        assert report["seconds_after_last_step"] < 10, report  # as its connections drop (docs/guide.md, "Checks and errors")

@@ -196,7 +196,7 @@ def finish() -> None:
     """End a worker script once its results are written and its process group destroyed:
     flush and leave without the interpreter's shutdown, so that each test checks what it is
     about. How scripts end at exit is tested on its own (test_ending_in_flight.py, the
-    examples under torchrun, tests/runtime/test_exit.py; docs/runtime.md "End cleanly")."""
+    examples under torchrun, tests/runtime/test_exit.py; docs/internals.md "Ending with collectives in flight")."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -26,7 +26,7 @@ def free_port() -> int:
 def torchrun_host(nnodes: int, node_rank: int, nproc: int, endpoint: str, address: str, rdzv_id: str) -> list[str]:
     """One host's torchrun command line, to which the script and its arguments are appended.
     A host states its own address (``--local-addr``: a namespace shares the machine's
-    hostname) and host 0 hosts the rendezvous (``is_host``), as docs/runtime.md "Many hosts"
+    hostname) and host 0 hosts the rendezvous (``is_host``), as docs/guide.md "Many hosts"
     tells users to."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,

@@ -7,7 +7,7 @@ plan, every rank switching plans at the same control points
 * ``POLICY``: the policy with the starting options (the user's);
 * ``BUCKETS``: DDP-style buckets (``fifo``), with ``fallback``: where scheduling cannot
   help, the run keeps what DDP does (at the cost of gradsched's Python launcher against
-  DDP's C++ reducer: 3-5% on loopback, README);
+  DDP's C++ reducer: 3-5% on loopback, docs/bench.md);
 * ``CANDIDATE``: options proposed by the online tuner (:class:`gradsched.tune.Tuner`),
   told every measured time before it proposes the next, with ``autotune``;
 * ``CONFIRM``: the fastest options so far, measured again, with ``autotune``: the fastest

@@ -60,7 +60,7 @@ class RuntimeConfig:
     replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
     fallback: bool = True  # measure the policy against DDP-style buckets (fifo) at the first control point and
     #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
-    #   slower than DDP's C++ reducer on loopback: README)
+    #   slower than DDP's C++ reducer on loopback: docs/bench.md, "Runtime overhead on loopback")
     fallback_gain: float = 0.02  # how much faster (a fraction) a choice must measure to replace another; a
     #   negative gain prefers the policy: it is kept unless it measures more than (1 - fallback_gain) times the
     #   buckets' iteration time (-99: kept unless 100x slower)
@@ -84,10 +84,10 @@ class RuntimeConfig:
     autotune_space: dict | None = None  # search ranges, option -> "LOW:HIGH" (e.g. {"partition_bytes":
     #   "256KiB:8MiB"}), replacing gradsched.tune.default_space's; without it sizes stay within 8x of the start
 
-    # -- roles (docs/runtime.md, "Parameter servers") --
+    # -- roles (docs/architectures.md, "Parameter servers") --
     architecture: str = "allreduce"  # or "ps": the last `servers` ranks are parameter servers; on a server rank
     #   wrap() serves until the workers close their optimizers, destroys the process group and exits (status 0);
-    #   or "sharded": every rank owns 1/n of each parameter and of its optimizer state (docs/runtime.md, "Sharded")
+    #   or "sharded": every rank owns 1/n of each parameter and of its optimizer state (docs/architectures.md, "Sharded")
     servers: int = 0  # parameter servers (architecture="ps" only)
     exit_server: bool = True  # False: a server rank returns (model, None) once the workers are done instead of
     #   ending the process (to serve several wraps in turn)

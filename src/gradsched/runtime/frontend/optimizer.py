@@ -123,7 +123,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
         """``torch.nn.utils.clip_grad_norm_`` over the model's reduced gradients, returning the
         total norm. Call it after ``backward()`` (after ``GradScaler.unscale_`` with AMP) and
         before ``step()``. It waits for every reduction, so the next forward pass cannot
-        overlap communication any more (docs/runtime.md, "Clipping")."""
+        overlap communication any more (docs/guide.md, "Clipping")."""
         return self._coordinator.clip_grad_norm(max_norm, norm_type, error_if_nonfinite, foreach)
 
     def clip_grad_value_(self, clip_value: float) -> None:

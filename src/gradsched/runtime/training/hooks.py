@@ -17,7 +17,7 @@ import torch
 
 class Hook:
     """A module hook of a coordinator's: run untraced under ``torch.compile`` (it waits on other
-    threads and reads clocks; one graph break each, docs/runtime.md "torch.compile")."""
+    threads and reads clocks; one graph break each, docs/guide.md "torch.compile")."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self._fn = torch.compiler.disable(fn)
