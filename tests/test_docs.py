@@ -18,7 +18,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
-PAGES = {"README.md": README, **{f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}}
+PAGES = {"README.md": README, "CHANGELOG.md": (ROOT / "CHANGELOG.md").read_text(),
+         **{f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))}}
 
 # bench JSON whose figures the pages quote in their prose instead of a table (each must still be named)
 PROSE_ONLY = {"bench-mtu1500-resnet50", "bench-mtu65000-resnet50", "bench-sharded-resnet50-k3-run1",
@@ -240,7 +241,7 @@ SECTION_REF = re.compile(r"(?:docs/)?([\w-]+\.md)(?:\]\([^)]*\))?,? \"([^\"]+)\"
 
 def test_every_quoted_section_of_a_page_exists():
     """`docs/guide.md, "Clipping"` and the like, in the pages, the source, the tests and the scripts."""
-    files = [ROOT / "README.md", *DOCS.glob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS.glob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
              *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "examples").glob("*.py")]
     wrong = []
     for path in files:
