@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import importlib.util
 import io
 import json
@@ -51,7 +52,8 @@ def bench_figures() -> list[str]:
     return names
 
 
-def rendered_bench_tables() -> dict[str, str]:
+@functools.cache
+def rendered_bench_tables() -> dict[str, str]:  # read once, shared by every page's check
     table = script("bench_table").table
     return {name: table(figure(name)) for name in bench_figures() if name not in PROSE_ONLY}
 
