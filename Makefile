@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SWEEP ?= 1,2,5,10,25,50,100
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py
+
+# The wheels the GPU check carries to a lent GPU machine, which has its own CUDA build of torch and
+# no package index: msgspec, for Python 3.12 on x86-64 (benchmarks/gpu_check.py --help has the command).
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl msgspec==0.23.0
 
 clean:
 	rm -rf $(VENV) out

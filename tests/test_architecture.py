@@ -176,7 +176,7 @@ def test_the_runtime_is_in_packages_named_for_what_they_hold():
     top = sorted(p.name for p in (SRC / "gradsched" / "runtime").glob("*.py"))
     assert top == ["__init__.py", "config.py", "errors.py", "torch_private.py"]
     packages = sorted(p.name for p in (SRC / "gradsched" / "runtime").iterdir() if (p / "__init__.py").exists())
-    assert packages == ["comm", "diagnostics", "frontend", "planning", "training"]
+    assert packages == ["comm", "device", "diagnostics", "frontend", "planning", "training"]
 
 
 @pytest.mark.parametrize("package", ["runtime", "bench"])

@@ -5,6 +5,13 @@ folder is on ``PYTHONPATH`` (so in every rank a test starts, spawned ones includ
 as soon as it is launched: gradients count as reduced before their results are in place.
 The GPU check's reduction rows over a slow link must fail on it (tests/bench/test_gpu_check.py).
 
+``skipped-wait``: a consumer that skips its event wait (``Exchange.order_after`` queues no wait):
+reduced gradients are read as soon as their message is resolved. ``done-is-reduced``: a
+completion that takes a future that is done for a message that is reduced (resolved with no
+event behind it). Both are right on gloo, where a future is done once reduced, and wrong on
+NCCL, where it is done once queued: the equality tests under the emulated NCCL must fail on
+them, and do (tests/distributed/test_nccl_semantics.py).
+
 ``no-reduction``:
 gradsched's all-reduce transport hands each rank's own gradients back as if reduced (no
 division, no collective), and kept buckets are never handed to DDP's reducer: a gradsched that
@@ -48,3 +55,35 @@ if os.environ.get("GRADSCHED_MUTANT") == "early-resolve":
 
     completion.CallbackCompletion.track = _resolved_at_once(completion.CallbackCompletion.track)
     completion.OrderedCompletion.track = _resolved_at_once(completion.OrderedCompletion.track)
+
+if os.environ.get("GRADSCHED_MUTANT") == "skipped-wait":
+    from gradsched.runtime.comm import exchange
+
+    def _not_ordered(self, indices):
+        """A consumer that skips its event wait: reduced gradients read as soon as resolved."""
+        return 0
+
+    exchange.Exchange.order_after = _not_ordered
+
+if os.environ.get("GRADSCHED_MUTANT") == "done-is-reduced":
+    import time
+
+    from gradsched.runtime.comm import completion
+
+    def _done_is_reduced(self):
+        """A completion that takes a future that is done for a message that is reduced: resolved
+        with no event behind it (on gloo that holds; on NCCL a future is done once queued)."""
+        with self.device.own_stream("completion") as stream:
+            self.streams.append(stream)
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    self._ended.put(None)
+                    return
+                futures, resolved, finished = item
+                while not all(f.done() for f in futures):
+                    time.sleep(1e-4)
+                resolved(None)
+                self._ended.put((self.device.record(), finished, None))
+
+    completion.OrderedCompletion._resolve = _done_is_reduced

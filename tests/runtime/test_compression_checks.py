@@ -42,20 +42,31 @@ def test_the_fallbacks_buckets_are_ddps_counted_in_wire_bytes(world_of_one, comp
     model.close()
 
 
-def test_wire_copies_are_reused_from_round_to_round():
+def test_wire_copies_are_reused_once_their_message_has_ended():
     from gradsched.runtime.comm.compression import WireBuffers
+    from gradsched.runtime.comm.transport import MessageKey
 
     wire = WireBuffers(torch.bfloat16)
     flat, half = torch.randn(10), torch.randn(4).to(torch.bfloat16)
-    first = wire.cast(1, 0, [flat, half])
+    first = wire.cast(MessageKey(1, 1, 0), [flat, half])
     assert first[1] is half and first[0].dtype == torch.bfloat16 and torch.equal(first[0], flat.to(torch.bfloat16))
     flat.mul_(2)
-    again = wire.cast(1, 0, [flat, half])
-    assert again[0] is first[0] and torch.equal(again[0], flat.to(torch.bfloat16))  # same memory, new values
-    assert wire.cast(2, 0, [flat])[0] is not first[0]  # a new plan version gets its own
-    wire.cast(3, 0, [flat])
+    # the next round's message launched before the first ended (on NCCL: its collective queued, not
+    # run): the copy the collective will read must not be written again, so this one is new
+    early = wire.cast(MessageKey(2, 1, 0), [flat, half])
+    assert early[0] is not first[0] and torch.equal(first[0], (flat / 2).to(torch.bfloat16))
+    wire.finished(MessageKey(1, 1, 0))
+    wire.finished(MessageKey(2, 1, 0))
+    flat.mul_(2)
+    again = wire.cast(MessageKey(3, 1, 0), [flat, half])
+    assert again[0] is first[0] or again[0] is early[0]  # memory of an ended message, new values
+    assert torch.equal(again[0], flat.to(torch.bfloat16))
+    assert wire.cast(MessageKey(4, 2, 0), [flat])[0] is not again[0]  # a new plan version gets its own
+    wire.cast(MessageKey(5, 3, 0), [flat])
     assert sorted(wire._cache) == [2, 3]  # the latest two versions are kept
-    assert WireBuffers(None).cast(1, 0, [flat])[0] is flat
+    wire.release()  # the hand-off: nothing kept
+    assert not wire._cache and not wire._busy
+    assert WireBuffers(None).cast(MessageKey(1, 1, 0), [flat])[0] is flat
 
 
 @pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])

@@ -15,6 +15,7 @@ from gradsched.core.plan import Plan, PlannedMessage
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.plans import PlanVersions, tensor_specs
 from gradsched.runtime.comm.transport import AllReduce
+from gradsched.runtime.device.host import HostDevice
 
 
 class Gated(AllReduce):
@@ -36,7 +37,8 @@ def _exchange(trace: list, hold: tuple[int, int]) -> tuple[Exchange, Gated, list
     plan = Plan("priority", True, (PlannedMessage((("a", 0, 4),), 16, "a", None, 0.0, 1.0),
                                    PlannedMessage((("b", 0, 4),), 16, "b", None, 1.0, 2.0)), span_s=2.0)
     transport = Gated(trace, hold)
-    return Exchange(tensor_specs(["a", "b"], params), params, PlanVersions(plan), transport, 30.0), transport, params
+    exchange = Exchange(tensor_specs(["a", "b"], params), params, PlanVersions(plan), transport, HostDevice(), 30.0)
+    return exchange, transport, params
 
 
 def test_a_job_queued_once_a_round_began_runs_after_that_round_though_the_launcher_lags(world_of_one):

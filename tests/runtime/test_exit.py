@@ -20,7 +20,7 @@ def test_the_groups_gradsched_made_are_destroyed_and_the_default_one_kept(world_
     earlier = len(topology._CREATED)  # groups of earlier tests' wraps, gone with their default groups
     model, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "prophet")
     made = topology._CREATED[earlier:]
-    assert len(made) == 3 and all(g in dist.distributed_c10d._world.pg_map for g in made)
+    assert len(made) == 4 and all(g in dist.distributed_c10d._world.pg_map for g in made)  # control, data, buffers, broadcasts
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
     optimizer.close()

@@ -57,10 +57,10 @@ def slow_head_gathers() -> None:
 
     gather = Shards.gather
 
-    def late(self, message, group):
+    def late(self, message, group, device):
         if LATE["on"] and any(name.startswith("head.") for name, _, _ in message.slices):
             time.sleep(0.1)
-        return gather(self, message, group)
+        return gather(self, message, group, device)
 
     Shards.gather = late
 

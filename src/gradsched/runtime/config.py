@@ -29,13 +29,35 @@ class Environment:
     ps_piece_bytes: int | None  # GRADSCHED_PS_PIECE_BYTES: servers answer in pieces of this size (set alike
     #   on every rank; tests cut small messages)
     ddp_side_stream: bool  # PYTORCH_DDP_USE_SIDE_STREAM (DDP's own, default 1): inputs moved on a side stream
+    emulate_nccl: tuple[float, float] | None = None  # GRADSCHED_EMULATE_NCCL=LATENCY[,DURATION] (seconds): CPU
+    #   tensors get NCCL's completion semantics (gradsched.runtime.device.emulated; tests)
+    cuda_max_connections: str | None = None  # CUDA_DEVICE_MAX_CONNECTIONS (CUDA's): 1 makes overlap impossible
 
     @classmethod
     def read(cls) -> Environment:
         env = os.environ
         piece = env.get("GRADSCHED_PS_PIECE_BYTES")
         return cls(env.get("GRADSCHED_POLICY") or None, env.get("GRADSCHED_ORDERED_COMPLETION") == "1",
-                   int(piece) if piece else None, env.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1")
+                   int(piece) if piece else None, env.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1",
+                   _emulation(env.get("GRADSCHED_EMULATE_NCCL")), env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+
+
+def _emulation(value: str | None) -> tuple[float, float] | None:
+    """``GRADSCHED_EMULATE_NCCL``: "LATENCY" or "LATENCY,DURATION", in seconds (None: not set).
+
+    >>> _emulation("0.02"), _emulation("0.01,0.05"), _emulation(None)
+    ((0.02, 0.0), (0.01, 0.05), None)
+    """
+    if not value:
+        return None
+    try:
+        parts = [float(p) for p in value.split(",")]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 2 or min(parts) < 0:
+        raise ValueError(f"GRADSCHED_EMULATE_NCCL={value!r}: expected LATENCY or LATENCY,DURATION in seconds "
+                         "(e.g. 0.02)")
+    return parts[0], parts[1] if len(parts) > 1 else 0.0
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 One lock (a condition variable) guards it, and every field has one writer:
 
-* ``ready_round``, ``grads``, ``produced`` (:class:`gradsched.runtime.comm.streams.Produced`): the training thread, when it hands a gradient over
+* ``ready_round``, ``grads``, ``produced`` (:class:`gradsched.runtime.device.base.Produced`): the training
+  thread, when it hands a gradient over
   (:meth:`gradsched.runtime.comm.exchange.Exchange.mark_ready`);
 * ``reduced_round``, ``result``: the completion side (:mod:`gradsched.runtime.comm.completion`),
-  once a gradient's every slice is reduced *and its result in place*: on CPU once written;
-  on CUDA once ordered behind ``result[i]``, an event on the completion's stream (the device
-  may still be running it). A gradient that is not in flight
+  once a gradient's every slice is reduced *and its result in place*: on the host once
+  written; on a device with streams once ordered behind ``result[i]``, an event on the
+  completion's stream (the device may still be running it). A gradient that is not in flight
   (``reduced_round >= ready_round``) may be read or written by a stream that first waits for
   its ``result`` event (:meth:`gradsched.runtime.comm.exchange.Exchange.order_after`): this is
   the one ordering point between the reduction and everything that consumes it (updates,
@@ -26,10 +27,11 @@ from typing import Any, Sequence
 import torch
 
 from gradsched.core.task import TensorSpec
+from gradsched.runtime.device import Device
 
 
 class Board:
-    def __init__(self, tensors: Sequence[TensorSpec], like: Sequence[torch.Tensor]) -> None:
+    def __init__(self, tensors: Sequence[TensorSpec], like: Sequence[torch.Tensor], device: Device) -> None:
         self.tensors = list(tensors)
         self.index = {t.name: i for i, t in enumerate(self.tensors)}
         self.like = list(like)  # the parameters: shape, dtype and device of each gradient
@@ -38,11 +40,11 @@ class Board:
         self.ready_round = [0] * n  # last round in which the gradient was handed over
         self.reduced_round = [0] * n  # last round whose reduction of it is complete
         self.grads: list[torch.Tensor | None] = [None] * n
-        self.produced: list[Any] = [None] * n  # CUDA: where the gradient was produced (streams.Produced)
-        self.result: list[Any] = [None] * n  # CUDA: the event its reduced value is ordered behind
+        self.produced: list[Any] = [None] * n  # where the gradient was produced (device.Produced; None: the host)
+        self.result: list[Any] = [None] * n  # the event its reduced value is ordered behind (None: none)
         self.error: BaseException | None = None
         self.closed = False
-        self.device = next((t.device for t in self.like if t.is_cuda), None)  # a CUDA device, or None (CPU)
+        self.device = device  # where the gradients live, and how work on them is ordered
 
     def ready(self, i: int, round_index: int) -> bool:
         """Gradient ``i`` of round ``round_index`` (or a later one) has been handed over."""

@@ -9,7 +9,7 @@ a message matter, and a completion reports both, in this order:
 * *resolved* (``resolved(event)``): a consumer that waits for ``event`` (None on CPU) sees
   the results. The launcher marks the message's gradients reduced on the board
   (:mod:`gradsched.runtime.comm.board`); a consumer's stream then waits for the event where
-  it uses them (:func:`gradsched.runtime.comm.streams.wait_for`), and the host never waits
+  it uses them (:meth:`gradsched.runtime.device.base.Device.wait_for`), and the host never waits
   for the device to get there;
 * *finished* (``finished(now, error)``): the message ended (on CUDA: the device has run it).
   The credit it held is freed and its time fed to the link estimate.
@@ -18,13 +18,13 @@ a message matter, and a completion reports both, in this order:
   result, so the message is resolved and finished in the callback of its last future, at
   once. Two messages in flight may finish out of launch order, and the plan's credit window
   learns of the first to finish when it does.
-* :class:`OrderedCompletion` (CUDA tensors): NCCL completes a future when the kernel is
-  queued, not when it ran. One thread, under a stream of its own, takes the messages in
-  launch order (the order one stream runs them in), makes its stream wait for each of the
-  message's futures (``Future.wait``: a wait on the device), records an event there and
-  resolves the message with it: nothing waits on the host. A second thread waits on the host
-  until the device has passed each event, in the same order: that instant is the message's
-  end.
+* :class:`OrderedCompletion` (a device with streams: CUDA, or NCCL's semantics emulated on
+  CPU): NCCL completes a future when the kernel is queued, not when it ran. One thread, under
+  a stream of its own, takes the messages in launch order (the order one stream runs them
+  in), makes its stream wait for each of the message's futures (``Future.wait``: a wait on the
+  device), records an event there and resolves the message with it: nothing waits on the
+  host. A second thread waits on the host until the device has passed each event, in the same
+  order: that instant is the message's end.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from gradsched.runtime.device import Device
 from gradsched.runtime.errors import GradschedError
-from gradsched.runtime.comm.streams import own_stream
 
 Futures = Sequence[torch.futures.Future]
 Resolved = Callable[[Any], None]  # a message's results are in place, behind this event (None on CPU)
@@ -81,9 +81,9 @@ class CallbackCompletion:
 
 class OrderedCompletion:
     """Resolves messages in launch order on a thread (and stream) of its own, and finishes
-    them on another once the device (``device``; none: the futures alone) has run them."""
+    them on another once ``device`` has run them."""
 
-    def __init__(self, device: torch.device | None, timeout_s: float = float("inf")) -> None:
+    def __init__(self, device: Device, timeout_s: float = float("inf")) -> None:
         self.device = device
         self.timeout_s = timeout_s  # a message the device has not run by then failed (NCCL: its watchdog is later)
         self.streams: list[Any] = []  # the stream each thread ran under (None on CPU): the GPU check reads them
@@ -98,26 +98,26 @@ class OrderedCompletion:
         self._queue.put((list(futures), resolved, finished))
 
     def _resolve(self) -> None:
-        with own_stream(self.device) as stream:
+        with self.device.own_stream("completion") as stream:
             self.streams.append(stream)
             while True:
                 item = self._queue.get()
                 if item is None:
                     self._ended.put(None)
                     return
-                futures, resolved, finished = item
-                try:
-                    for future in futures:
-                        future.wait()  # on CUDA: this thread's stream waits for the future's streams
-                    end = None
-                    if self.device is not None:
-                        end = torch.cuda.Event()
-                        end.record(stream)
-                except BaseException as exc:  # noqa: BLE001 - the message failed: handed to the caller
-                    self._ended.put((None, finished, exc))
-                    continue
-                resolved(end)
-                self._ended.put((end, finished, None))
+                self._resolve_one(*item)
+                item = None  # nothing of a message is kept while this thread waits for the next
+
+    def _resolve_one(self, futures: Futures, resolved: Resolved, finished: Finished) -> None:
+        try:
+            for future in futures:
+                future.wait()  # on CUDA: this thread's stream waits for the future's streams
+            end = self.device.record()  # behind every future's work (None: the futures were all)
+        except BaseException as exc:  # noqa: BLE001 - the message failed: handed to the caller
+            self._ended.put((None, finished, exc))
+            return
+        resolved(end)
+        self._ended.put((end, finished, None))
 
     def _finish(self) -> None:
         while True:
@@ -125,12 +125,14 @@ class OrderedCompletion:
             if item is None:
                 return
             end, finished, error = item
+            item = None
             if error is None and end is not None:
                 try:
                     error = self._until_passed(end)
                 except BaseException as exc:  # noqa: BLE001 - the device failed: handed to the caller
                     error = exc
             finished(time.perf_counter(), error)
+            end = finished = error = None  # nothing of a message (its round's buffers) kept while waiting
 
     def _until_passed(self, end: Any) -> BaseException | None:
         """Wait until the device has passed ``end`` (polled, so a collective that never ends
@@ -138,7 +140,7 @@ class OrderedCompletion:
         aborts the process); None, or the failure."""
         started = time.monotonic()
         pause = 5e-5
-        while not end.query():
+        while not self.device.passed(end):
             if time.monotonic() - started > self.timeout_s:
                 return GradschedError(f"a message did not finish on the device within {self.timeout_s:.0f} s: "
                                       "another rank is stuck or stopped")
@@ -153,10 +155,9 @@ class OrderedCompletion:
             thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
 
-def completion_for(device: torch.device | None, ordered: bool = False,
-                   timeout_s: float = float("inf")) -> Completion:
-    """The completion of a rank whose gradients live on ``device`` (a CUDA device, or None);
-    ``ordered`` takes the CUDA path's structure on CPU tensors too (tests use it)."""
-    if device is not None or ordered:
+def completion_for(device: Device, ordered: bool = False, timeout_s: float = float("inf")) -> Completion:
+    """The completion of a rank whose gradients live on ``device``; ``ordered`` takes the CUDA
+    path's structure on the host too (tests use it)."""
+    if device.ordered or ordered:
         return OrderedCompletion(device, timeout_s)
     return CallbackCompletion()

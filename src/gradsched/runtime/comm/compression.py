@@ -14,6 +14,7 @@ PyTorch's own ``bf16_compress_hook`` refuses to run without CUDA and NCCL.
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Callable, Sequence
 
@@ -59,31 +60,54 @@ class WireBuffers:
     (per plan version, the latest two): casting into memory already mapped costs a fifth of
     casting into a new tensor (100 MB of float32 to bf16 on one core: 7 ms against 40).
 
-    A message's copy is reused only once its previous reduction is complete: a gradient is
-    never handed over again while its reduction is in flight."""
+    A copy is reused only once the message that last travelled in it has ended on the device
+    (:meth:`finished`): on NCCL a message is resolved when its collective is queued, and a
+    copy written again before the collective has read it would send the next round's values.
+    A message launched again before that gets a new copy."""
 
     def __init__(self, wire: torch.dtype | None) -> None:
         self.wire = wire
         self._cache: dict[int, dict[tuple[int, int], torch.Tensor]] = {}  # version -> (message, buffer) -> copy
+        self._busy: dict[MessageKey, list[tuple[int, tuple[int, int], torch.Tensor]]] = {}  # in flight -> copies
+        self._lock = threading.Lock()  # cast on the launcher, finished on the completion's thread
 
-    def cast(self, version: int, message: int, buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """What travels for ``buffers``: the buffers themselves without compression (or if
-        already of the wire dtype), else their casts."""
+    def cast(self, key: MessageKey, buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """What travels for ``buffers`` (message ``key``): the buffers themselves without
+        compression (or if already of the wire dtype), else their casts."""
         if self.wire is None:
             return list(buffers)
-        if version not in self._cache:
-            self._cache = {v: c for v, c in self._cache.items() if v >= version - 1}
-        cache = self._cache.setdefault(version, {})
-        out = []
-        for j, buffer in enumerate(buffers):
-            if buffer.dtype == self.wire:
-                out.append(buffer)
-                continue
-            copy = cache.get((message, j))
-            if copy is None or copy.shape != buffer.shape or copy.device != buffer.device:
-                copy = cache[(message, j)] = torch.empty_like(buffer, dtype=self.wire)
-            out.append(copy.copy_(buffer))
+        version = key.version
+        out, taken = [], []
+        with self._lock:
+            if version not in self._cache:
+                self._cache = {v: c for v, c in self._cache.items() if v >= version - 1}
+            cache = self._cache.setdefault(version, {})
+            for j, buffer in enumerate(buffers):
+                if buffer.dtype == self.wire:
+                    out.append(buffer)
+                    continue
+                copy = cache.pop((key.index, j), None)  # taken until the message ends
+                if copy is None or copy.shape != buffer.shape or copy.device != buffer.device:
+                    copy = torch.empty_like(buffer, dtype=self.wire)
+                taken.append((version, (key.index, j), copy))
+                out.append(copy)
+            self._busy[key] = taken
+        for copy, buffer in zip(out, buffers):
+            if copy is not buffer:
+                copy.copy_(buffer)
         return out
+
+    def finished(self, key: MessageKey) -> None:
+        """Message ``key`` ended on the device: its copies may be written again."""
+        with self._lock:
+            for version, slot, copy in self._busy.pop(key, ()):
+                if version in self._cache:
+                    self._cache[version][slot] = copy
+
+    def release(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._busy.clear()
 
 
 def _cast_back(original: torch.Tensor, travelled: torch.Tensor, part: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -112,9 +136,17 @@ class Compressed(BaseTransport):
 
     def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
              on_sent: Callable[[], None] | None = None) -> Reduced:
-        travelling = self.wire.cast(key.version, key.index, buffers)
+        travelling = self.wire.cast(key, buffers)
         futures = self.inner.send(key, travelling, on_sent)
         return [f.then(partial(_cast_back, b, t, self.part)) for f, b, t in zip(futures, buffers, travelling)]
+
+    def finished(self, key: MessageKey) -> None:
+        self.wire.finished(key)
+        self.inner.finished(key)
+
+    def release(self) -> None:
+        self.wire.release()
+        self.inner.release()
 
     def close(self, wait: bool) -> None:
         self.inner.close(wait)

@@ -30,8 +30,8 @@ from gradsched.runtime.comm.completion import completion_for
 from gradsched.runtime.comm.launcher import Launcher
 from gradsched.runtime.comm.layout import Layouts
 from gradsched.runtime.comm.plans import PlanVersions
-from gradsched.runtime.comm.streams import Produced, produced_here, wait_for
 from gradsched.runtime.comm.transport import Transport
+from gradsched.runtime.device import Device, Produced
 
 T = TypeVar("T")
 
@@ -49,11 +49,13 @@ class Exchange:
         like: Sequence[torch.Tensor],
         versions: PlanVersions,
         transport: Transport,
+        device: Device,
         timeout_s: float,
         on_event: Callable[..., None] | None = None,
         layout: Callable[[Plan], Any] | None = None,
     ) -> None:
-        self.board = board = Board(tensors, like)
+        self.board = board = Board(tensors, like, device)
+        self.device = device
         self.tensors = board.tensors
         self.versions = versions  # read and changed under the board's lock
         self.timeout_s = timeout_s
@@ -61,7 +63,7 @@ class Exchange:
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
         self._layouts = Layouts(board.index, board.like, versions, layout)
-        completion = completion_for(board.device, Environment.read().ordered_completion, timeout_s)
+        completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()
 
@@ -94,11 +96,11 @@ class Exchange:
 
     # -- the training thread ------------------------------------------------------------------
     def mark_ready(self, i: int, grad: torch.Tensor, round_index: int, produced: Produced | None = None) -> None:
-        """Hand over gradient ``i`` of round ``round_index`` (in its home, if it has one). On
-        CUDA ``produced`` (else an event recorded now on the current stream) marks where it
-        was produced: the launcher's stream waits for it before anything reads the gradient."""
-        if produced is None and grad.is_cuda:
-            produced = produced_here(grad.device)
+        """Hand over gradient ``i`` of round ``round_index`` (in its home, if it has one).
+        ``produced`` (else where the current stream is now) marks where it was produced: the
+        launcher's stream waits for it before anything reads the gradient."""
+        if produced is None:
+            produced = self.device.produced()
         board = self.board
         with board.cond:
             if board.in_flight(i):
@@ -112,17 +114,26 @@ class Exchange:
             self.launcher.gradient_ready(round_index)
 
     def order_after(self, indices: Sequence[int]) -> int:
-        """On CUDA: the current stream waits (on the device) for the reduced values of the
-        gradients ``indices`` that are not in flight; the waits queued (none on CPU)."""
+        """The current stream waits (on a device with streams: not the host) for the reduced
+        values of the gradients ``indices`` that are not in flight; the waits queued."""
         board = self.board
-        if board.device is None:
-            return 0
         with board.cond:
             events = [board.result[i] for i in indices if not board.in_flight(i)]
-        return wait_for(board.device, events)
+        return self.device.wait_for(events)
 
     def in_flight(self, i: int) -> bool:
         return self.board.in_flight(i)
+
+    def ended(self, i: int) -> bool:
+        """Gradient ``i`` is reduced and its result is in place as far as the host knows: on the
+        host once resolved; on a device with streams once the device has passed its event (on
+        NCCL a message is resolved when queued). Settling an ended gradient waits for nothing."""
+        board = self.board
+        with board.cond:
+            if board.in_flight(i):
+                return False
+            event = board.result[i]
+        return event is None or self.device.passed(event)
 
     def wait_reduced(self, indices: Sequence[int], what: str = "parameters") -> None:
         """Block until every gradient in ``indices`` handed over so far is reduced (its result in
@@ -189,12 +200,16 @@ class Exchange:
             self.launcher.wake()
         self.launcher.stop(wait and board.error is None)
         self.release_buffers()
+        self.device.close()
 
     def release_buffers(self) -> None:
-        """Let go of the flat buffers of every plan and of the gradients handed over (the
-        hand-off to DDP's reducer: its buckets hold the gradients from now on; close). Nothing
-        may be in flight."""
+        """Let go of the flat buffers of every plan, of what the transport keeps between messages
+        (compression's wire copies) and of the gradients handed over (the hand-off to DDP's
+        reducer: its buckets hold the gradients from now on; close). Nothing may be in flight."""
         board = self.board
+        transport = self.launcher.transport
+        if transport is not None:
+            transport.release()  # compression's wire copies
         with board.cond:
             self._layouts.clear()
             self.launcher.rounds.clear()  # the launcher waits for a round that will not begin

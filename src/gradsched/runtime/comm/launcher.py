@@ -6,7 +6,7 @@ every rank issues the same operations in the same order: the order comes from th
 never from local timing. A message travels in the range of the plan's flat buffer that
 holds its gradients when it has one (:mod:`gradsched.runtime.comm.layout`), else in buffers
 copied together per dtype. On CUDA the thread runs under a stream of its own
-(:mod:`gradsched.runtime.comm.streams`), which first waits for the latest event of each
+(:mod:`gradsched.runtime.device`), which first waits for the latest event of each
 stream that produced the message's gradients: the divisions, copies and casts of a message
 run there, never on the training stream.
 
@@ -39,8 +39,8 @@ from gradsched.runtime.comm.completion import Completion
 from gradsched.runtime.comm.jobs import Job, Jobs
 from gradsched.runtime.comm.layout import BufferLayout, Layouts
 from gradsched.runtime.comm.plans import Adopted, PlanVersions
-from gradsched.runtime.comm.streams import latest_per_stream, own_stream, wait_for
 from gradsched.runtime.comm.transport import MessageKey, Transport
+from gradsched.runtime.device import latest_per_stream
 
 T = TypeVar("T")
 logger = logging.getLogger("gradsched")
@@ -131,7 +131,7 @@ class Launcher:
         with self.board.cond:
             if self.board.stopping:
                 raise GradschedError("gradient communication has stopped")
-            job = self._jobs.add(run, max(self.board.ready_round, default=0))
+            job = self._jobs.add(run, max(self.board.ready_round, default=0), self.board.device)
             self._wake.notify_all()
         return job
 
@@ -160,7 +160,7 @@ class Launcher:
     def _run(self) -> None:
         round_index = 1
         try:
-            with own_stream(self.board.device) as self.stream:  # collectives and copies: that device, this stream
+            with self.board.device.own_stream("launcher") as self.stream:  # collectives and copies: this stream
                 while True:
                     state = self._begin(round_index)
                     if state is None:
@@ -234,7 +234,7 @@ class Launcher:
 
     def _launch(self, state: RoundState, k: int, message: PlannedMessage, grads: list[torch.Tensor],
                 idle: bool, produced: list[Any]) -> None:
-        wait_for(self.board.device, produced)  # CUDA: what follows runs after the streams that wrote the gradients
+        self.board.device.wait_for(produced)  # what follows runs after the streams that wrote the gradients
         buffers, results, targets = state.layout.pack(k, message, grads)
         launched_at = time.perf_counter()
         futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
@@ -274,6 +274,9 @@ class Launcher:
             with board.cond:
                 self._wake.notify_all()
             return
+        transport = self.transport  # None once stopped
+        if transport is not None:
+            transport.finished(MessageKey(state.index, state.adopted.version, k))  # its memory may be reused
         with board.cond:
             self._timer.finished(message.nbytes, launched_at, idle, now)
             for i in state.follower.finish(k):  # none: resolved before

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,7 @@ from gradsched.runtime import torch_private
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.runtime.comm.pairwise import Pairwise
 from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
+from gradsched.runtime.device import Device
 
 Slice = tuple[str, int, int]  # (tensor, first element, number of elements), in shard coordinates
 
@@ -161,13 +162,15 @@ class Shards:
                 views.append(self.params[i].detach().view(-1)[start:end])
         return views
 
-    def gather(self, message: PlannedMessage, group: dist.ProcessGroup) -> torch.futures.Future:
-        """All-gather the parameters of ``message`` from their owners; a future that completes
-        once they are back in the parameters (issued on the calling thread)."""
+    def gather(self, message: PlannedMessage, group: dist.ProcessGroup, device: Device) -> Any:
+        """All-gather the parameters of ``message`` from their owners, issued through ``device``
+        on the calling thread; a future that completes once they are back in the parameters
+        (behind its events, on a device with streams: wait() for it before reading them)."""
         slices = message.slices
         if self.pairwise is not None and self.wire is None:  # in place, no buffer
-            return self.pairwise.exchange(self._spans(slices, self.rank),
-                                          {r: self._spans(slices, r) for r in range(self.world) if r != self.rank})
+            mine = self._spans(slices, self.rank)
+            theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
+            return device.issue(group, lambda: self.pairwise.exchange(mine, theirs))
         mine = torch.cat([part for name, first, count in slices for part in self._own(self.index[name], first, count)])
         if self.wire is not None:
             mine = mine.to(self.wire)
@@ -176,9 +179,10 @@ class Shards:
         if self.pairwise is not None:  # rank-major: rank r's part in slot r
             slot = [gathered[r * total:(r + 1) * total] for r in range(self.world)]
             slot[self.rank].copy_(mine)
-            future = self.pairwise.exchange([mine], {r: [slot[r]] for r in range(self.world) if r != self.rank})
+            future = device.issue(group, lambda: self.pairwise.exchange(
+                [mine], {r: [slot[r]] for r in range(self.world) if r != self.rank}))
         else:
-            future = dist.all_gather_single(gathered, mine, group=group, async_op=True).get_future()
+            future = device.issue(group, lambda: dist.all_gather_single(gathered, mine, group=group, async_op=True))
 
         def unpack(done: torch.futures.Future) -> None:
             done.value()  # raises if the collective failed

@@ -10,15 +10,19 @@ order, so that nothing it sends can be confused with the user's collectives:
 * ``control``: workers (gloo, CPU): plans, unused-parameter agreement, join's agreements;
 * ``data``: every rank, the user's backend: gradients (all-reduce, or push and pull), and
   the link probe;
-* ``buffers``: workers (gloo): buffers (BatchNorm statistics), join's final copy of the model;
+* ``broadcasts`` (all-reduce and sharded): every rank, the user's backend: buffers (BatchNorm
+  statistics) before a forward pass. A communicator of their own: on NCCL every collective of
+  one communicator runs on one stream, in order, so a broadcast on ``data`` would wait for
+  every message of the round before it, and the first layer with buffers with it;
+* ``buffers``: workers (gloo): buffers with parameter servers, join's final copy of the model;
 * ``plans`` (ps only): every rank (gloo): plans forwarded to servers, and checks at wrap.
 
-Each group has one thread that issues on it, in an order every rank shares: ``data`` the
-launcher (:mod:`gradsched.runtime.comm.launcher`; at wrap time, before the launcher
-starts, the training thread), the others the training thread (or, inside ``backward()``,
-autograd's thread while the training thread waits for it). So the only communicator of the
-user's backend (NCCL, say) is driven from one thread, and the gloo groups each from one
-thread at a time.
+Each group has one thread that issues on it, in an order every rank shares: ``data`` and
+``broadcasts`` the launcher (:mod:`gradsched.runtime.comm.launcher`; at wrap time, before the
+launcher starts, the training thread), the others the training thread (or, inside
+``backward()``, autograd's thread while the training thread waits for it). So the
+communicators of the user's backend (NCCL, say) are driven from one thread, in one order on
+every rank, and the gloo groups each from one thread at a time.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class Groups:
     data: dist.ProcessGroup
     buffers: dist.ProcessGroup | None
     plans: dist.ProcessGroup | None = None  # parameter servers only
+    broadcasts: dist.ProcessGroup | None = None  # all-reduce and sharded only
 
 
 @dataclass
@@ -117,9 +122,11 @@ class Topology:
 
         parts = workers if servers else None  # with servers, every rank creates every group, in the same order
         # the groups of every rank first: a part of the job then agrees on the rest's names
-        data = new(None, wait=wait + NCCL_WATCHDOG_MARGIN if "nccl" in str(dist.get_backend(group)) else wait)
+        backend_wait = wait + NCCL_WATCHDOG_MARGIN if "nccl" in str(dist.get_backend(group)) else wait
+        data = new(None, wait=backend_wait)
         plans = new(None, "gloo") if servers else None
-        groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans)
+        groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans,
+                        broadcasts=None if servers else new(None, wait=backend_wait))
         _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)
         return cls(rank, world, workers, servers, groups)
 
@@ -140,6 +147,10 @@ class Topology:
     @property
     def buffers(self) -> dist.ProcessGroup:
         return self._group("buffers")
+
+    @property
+    def broadcasts(self) -> dist.ProcessGroup:
+        return self._group("broadcasts")
 
     @property
     def plans(self) -> dist.ProcessGroup:

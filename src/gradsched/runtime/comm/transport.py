@@ -18,16 +18,25 @@ divide by the workers; parameter servers: nothing, the servers divide), and
 :class:`AllReduce` is the default. Parameter servers have their own
 (:class:`gradsched.runtime.comm.ps.PushPull`); the round headers servers need live in it.
 Which one a rank uses is chosen in one place, :func:`gradsched.runtime.comm.transports.make_transport`.
+
+Every transport's sends go through the device (:class:`Issued`, the innermost wrapper): on the
+host and on CUDA that issues them at once; with NCCL's semantics emulated on CPU
+(:mod:`gradsched.runtime.device.emulated`) they run later, on the data group's stream. A
+transport learns when each message has ended on the device (:meth:`Transport.finished`): only
+then may memory the message read be written again.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from functools import partial
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
+
+from gradsched.runtime.device import Device
 
 Reduced = list  # of torch.futures.Future: one per buffer, completing with the buffer's average
 
@@ -51,17 +60,58 @@ class Transport(Protocol):
                on_sent: Callable[[], None] | None = None) -> Reduced:
         """:meth:`divide`, then :meth:`send`."""
 
+    def finished(self, key: MessageKey) -> None:
+        """Message ``key`` has ended on the device: what it read may be reused."""
+
+    def release(self) -> None:
+        """Let go of memory kept from message to message (nothing is in flight)."""
+
     def close(self, wait: bool) -> None:
         """No message will follow; with ``wait``, tell peers so and wait for what is in flight."""
 
 
 class BaseTransport:
-    """What every transport's :meth:`Transport.reduce` is."""
+    """What every transport's :meth:`Transport.reduce` is, and nothing kept between messages."""
 
     def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
                on_sent: Callable[[], None] | None = None) -> Reduced:
         self.divide(buffers)
         return self.send(key, buffers, on_sent)
+
+    def finished(self, key: MessageKey) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+class Issued(BaseTransport):
+    """``inner``'s sends issued through ``device`` on ``group`` (see the module's docstring)."""
+
+    def __init__(self, inner: Transport, device: Device, group: dist.ProcessGroup) -> None:
+        self.inner = inner
+        self.device = device
+        self.group = group
+        self.result_part = getattr(inner, "result_part", None)  # a reduce-scatter's (Compressed reads it)
+
+    def divide(self, buffers: Sequence[torch.Tensor]) -> None:
+        self.inner.divide(buffers)
+
+    def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
+             on_sent: Callable[[], None] | None = None) -> Reduced:
+        return self.device.issue_each(self.group, partial(self.inner.send, key, buffers, on_sent), len(buffers))
+
+    def finished(self, key: MessageKey) -> None:
+        self.inner.finished(key)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def close(self, wait: bool) -> None:
+        if wait:  # what was issued through the device has reached the transport (emulated NCCL: run)
+            self.device.run(self.group, lambda: None)
+        self.inner.close(wait)
+        self.group = None
 
 
 class AllReduce(BaseTransport):

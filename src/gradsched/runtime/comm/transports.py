@@ -16,27 +16,32 @@ from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.comm.ps import PushPull
 from gradsched.runtime.comm.pairwise import pairwise_for
 from gradsched.runtime.comm.sharded import ReduceScatter, Shards
-from gradsched.runtime.comm.transport import AllReduce, Transport
+from gradsched.runtime.comm.transport import AllReduce, Issued, Transport
+from gradsched.runtime.device import Device
 
 
 def make_transport(topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
-                   versions: PlanVersions, compression: str | None,
+                   versions: PlanVersions, compression: str | None, device: Device,
                    comm_hook: tuple[Any, Callable] | None = None, shards: Shards | None = None) -> Transport:
-    """The transport of a worker of ``topology`` whose gradients are ``params``; ``comm_hook``:
-    (state, hook), the state already given gradsched's data group (gradsched.runtime.comm.comm_hook)."""
+    """The transport of a worker of ``topology`` whose gradients are ``params`` on ``device``
+    (its sends issued through it: :class:`~gradsched.runtime.comm.transport.Issued`);
+    ``comm_hook``: (state, hook), the state already given gradsched's data group
+    (gradsched.runtime.comm.comm_hook)."""
     wire = wire_dtype(compression)
     if shards is not None:  # its all-gathers travel the way its reduce-scatters do
         shards.pairwise = pairwise_for(topology.data)
         transport: Transport = ReduceScatter(topology.data, shards.pairwise)
     elif comm_hook is not None:
         state, hook = comm_hook
-        return HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank)
+        return Issued(HookTransport(hook, state, versions, dict(zip(names, params)), topology.rank), device,
+                      topology.data)
     elif topology.servers:
         dtype_of = {n: wire or p.dtype for n, p in zip(names, params)}
         transport = PushPull(topology.data, topology.plans, topology.rank, topology.servers,
                              topology.num_workers, dtype_of, versions)
     else:
         transport = AllReduce(topology.data)
+    transport = Issued(transport, device, topology.data)
     return transport if wire is None else Compressed(transport, wire)
 
 

@@ -148,8 +148,9 @@ class Planner:
             if self.settle:
                 self.settle()
             with failing_rank("measuring the link", self.exchange.explain):
-                self.link = self.exchange.between_rounds(
-                    partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression)))
+                probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
+                self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
+                    partial(self.exchange.device.run, self.probe_group, probe))
         proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan", self.exchange.explain):

@@ -1,15 +1,19 @@
 """DDP's buffer sync before a forward pass (BatchNorm statistics from one rank to every rank),
-issued on the data plane and waited for by the forward passes that read the buffers.
+issued on the user's backend and waited for by the forward passes that read the buffers.
 
-With all-reduce the broadcast travels on gradsched's data group, the user's backend (NCCL on
-GPUs), issued by the launcher, the one thread that drives that communicator, at the point of
-its order every rank shares: after every message of the rounds begun so far, before the next
-round's first (:meth:`gradsched.runtime.comm.exchange.Exchange.after_launched`). Nothing
-waits for it at the start of the forward pass: the forward pre-hook of each module that owns
-buffers waits for the broadcast (on CUDA its stream waits, the host does not), and so do
+With all-reduce (and sharded) the broadcast travels on gradsched's ``broadcasts`` group, the
+user's backend (NCCL on GPUs) on a communicator of its own: on the data group it would queue
+behind every message of the round before (one NCCL stream runs one communicator's
+collectives in order), and the first layer with buffers would wait for all of them. It is
+issued by the launcher, the one thread that drives gradsched's communicators of the user's
+backend, at the point of its order every rank shares: after every message of the rounds
+begun so far, before the next round's first
+(:meth:`gradsched.runtime.comm.exchange.Exchange.after_launched`; the job waits for what the
+training thread queued before, the previous forward pass's statistics). Nothing waits for it
+at the start of the forward pass: the forward pre-hook of each module that owns buffers waits
+for the broadcast (on a GPU its stream waits, the host does not), and so do
 ``synchronize()``, checkpoints and the next broadcast. The root's own buffers are waited for
-at once. On CUDA the launcher's stream first waits for the training stream's work so far (the
-previous forward pass wrote the statistics).
+at once.
 
 With parameter servers the data group holds the servers too, so buffers travel on the
 workers' gloo group, at once (:func:`gradsched.runtime.comm.broadcast.broadcast_flat`).
@@ -18,7 +22,7 @@ workers' gloo group, at once (:func:`gradsched.runtime.comm.broadcast.broadcast_
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,7 +30,7 @@ from torch import nn
 
 from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of, flat_by_dtype, unflatten_into
 from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.comm.streams import record, wait_for
+from gradsched.runtime.device import Device
 from gradsched.runtime.errors import failing_rank
 
 WHAT = "broadcasting buffers"
@@ -39,25 +43,25 @@ def _copy_back(members: Sequence[torch.Tensor], flat: torch.Tensor, future: torc
 
 
 def broadcast_async(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup,
-                    device: torch.device | None, after: object) -> list[torch.futures.Future]:
+                    device: Device) -> list[Any]:
     """On the launcher: rank ``source``'s values of ``tensors`` into every rank's, one broadcast
     per dtype (as :func:`~gradsched.runtime.comm.broadcast.broadcast_flat`), without waiting; the
-    futures complete once copied back. ``after``: the training stream's event (CUDA)."""
-    wait_for(device, [after])
+    futures complete once copied back (behind their events, on a device with streams)."""
     futures = []
     for members, flat in flat_by_dtype(tensors):
-        work = dist.broadcast(flat, group_src=source, group=group, async_op=True)
-        futures.append(work.get_future().then(partial(_copy_back, members, flat)))
+        started = device.issue(group, partial(dist.broadcast, flat, group_src=source, group=group, async_op=True))
+        futures.append(started.then(partial(_copy_back, members, flat)))
     return futures
 
 
 class BufferSync:
     def __init__(self, model: nn.Module, exchange: Exchange, group: Callable[[], dist.ProcessGroup],
-                 on_data_plane: bool, explain: Callable[[], str]) -> None:
-        """``group``: the group buffers travel on (the data group with ``on_data_plane``, else
-        the workers' gloo group), asked for when they travel."""
+                 on_data_plane: bool, explain: Callable[[], str], device: Device) -> None:
+        """``group``: the group buffers travel on (the broadcasts group with ``on_data_plane``,
+        else the workers' gloo group), asked for when they travel; ``device``: the gradients'."""
         self.model = model
         self.exchange = exchange
+        self.device = device
         self.group = group
         self.on_data_plane = on_data_plane
         self.explain = explain
@@ -74,8 +78,7 @@ class BufferSync:
         if not self.on_data_plane:
             broadcast_flat(tensors, source, self.group(), WHAT, self.explain)
             return
-        device = next((t.device for t in tensors if t.is_cuda), None)
-        issue = partial(broadcast_async, tensors, source, self.group(), device, record(device))
+        issue = partial(broadcast_async, tensors, source, self.group(), self.device)
         self._pending = self.exchange.after_launched(issue)
         if self.model in self.owners:  # the root's forward reads its own right away
             self.wait()
@@ -86,7 +89,7 @@ class BufferSync:
             self.wait()
 
     def wait(self) -> None:
-        """Until the latest broadcast has arrived (on CUDA: the current stream waits for it)."""
+        """Until the latest broadcast has arrived (on a GPU: the current stream waits for it)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -97,5 +100,5 @@ class BufferSync:
     def close(self) -> None:
         """Let go of the model and of what the coordinator gave (they refer back to it)."""
         self._pending = None
-        self.model = self.exchange = self.group = self.explain = None
+        self.model = self.exchange = self.group = self.explain = self.device = None
         self.owners = set()

@@ -35,9 +35,10 @@ from gradsched.runtime.diagnostics.tracing import RunTrace
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.training.sharding import check_elementwise
-from gradsched.runtime.training.handoff import ReducerBackend, TorchReducer, hands_off
+from gradsched.runtime.training.handoff import ReducerBackend, hands_off, take_over
 from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.join import Iteration
+from gradsched.runtime.training.lifecycle import RoundLife
 from gradsched.runtime.training.plane import Plane
 from gradsched.runtime.training.syncing import SyncSwitches
 from gradsched.runtime.training.updates import clear_grad
@@ -66,6 +67,7 @@ class Coordinator:
         self.trace = RunTrace(self.rank) if config.trace else None
         self.clock = Clock(next((p.device for p in self.params if p.is_cuda), None))
         self.sync = SyncSwitches()  # no_sync() and DDP's require_*_sync (gradsched.runtime.training.syncing)
+        self.life = RoundLife()  # the rounds, whichever backend reduces them: one counter for the run
         self.exposure = Exposure()  # what scheduling bought (gradsched.runtime.diagnostics.exposure)
         self.entry = entry()  # what the user called, for errors raised later
         self.on_close: list[Callable[[], None]] = []
@@ -93,8 +95,9 @@ class Coordinator:
 
     @property
     def round(self) -> int:
-        """The latest round begun (backward pass that communicates) on gradsched's plane, from 1."""
-        return self.plane.round
+        """The latest round begun (backward pass that communicates), from 1, before the hand-off
+        and after it."""
+        return self.life.index
 
     @property
     def uneven(self) -> Any:
@@ -160,12 +163,8 @@ class Coordinator:
         """DDP's C++ reducer reduces from the next backward pass on (:mod:`gradsched.runtime.training.handoff`)."""
         self._hand_off = False
         self.synchronize()
-        self.plane.detach()  # gradsched's own hooks: off the training thread's path from now on
-        self.plane.release_buffers()
-        reducer = TorchReducer(self.model, self.topology.data, self.config, syncing=self.sync.enabled,
-                               comm_hook=self.comm_hook)
-        self.backend = ReducerBackend(reducer, self.plane.updates, self.plane.round)
-        self.handed_off_round = self.plane.round + 1
+        self.backend = take_over(self)
+        self.handed_off_round = self.round + 1
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
@@ -239,7 +238,7 @@ class Coordinator:
         plan = exchange.plan_for(self.round + 1)
         est = exchange.estimator
         exposure = self.exposure.summary() or (None, None, None)
-        return RunStats(self.policy.name, self.backend.rounds, len(plan.messages), exchange.plans_adopted,
+        return RunStats(self.policy.name, self.round, len(plan.messages), exchange.plans_adopted,
                         est.latency, est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction,
                         planner.trial, planner.tuning, list(planner.switches), self.handed_off_round, *exposure)
 

@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.training.hooks import Hook
+from gradsched.runtime.training.lifecycle import RoundLife
 from gradsched.runtime.torch_private import ddp_post_forward, ddp_pre_forward
 
 #: the installed DDP calls the buffer sync before each forward ``forward_sync_buffers`` (2.13+)
@@ -57,8 +58,8 @@ def _passing(hook):
 class TorchReducer:
     """DDP's reducer over ``model``'s parameters, driven by forward hooks on ``model``."""
 
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup, config: RuntimeConfig, syncing: bool = True,
-                 comm_hook: tuple[Any, Any] | None = None) -> None:
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup, config: RuntimeConfig, life: RoundLife,
+                 syncing: bool = True, comm_hook: tuple[Any, Any] | None = None) -> None:
         devices = {p.device for p in model.parameters()}
         device = next(iter(devices))
         buffers = {"forward_sync_buffers" if DDP_NAMES_FORWARD_SYNC else "broadcast_buffers": config.broadcast_buffers}
@@ -73,13 +74,15 @@ class TorchReducer:
         elif wire is not None:
             self.ddp.register_comm_hook(group, ddp_hook(wire))
         self.sync(syncing)
-        self.rounds = 0  # backward passes it reduced (forward passes that will sync)
+        self.life = life  # the run's rounds: a forward pass whose backward pass will sync opens one
         self._handles = [model.register_forward_pre_hook(Hook(self._before), with_kwargs=True),
                          model.register_forward_hook(Hook(self._after))]
 
     def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
-            self.rounds += 1
+            self.life.close()
+            self.life.forward()
+            self.life.gradient()  # DDP's reducer reduces inside the backward pass to come
         return ddp_pre_forward(self.ddp, args, kwargs)
 
     def _after(self, module: nn.Module, args: tuple, output: Any) -> Any:
@@ -100,14 +103,10 @@ class ReducerBackend:
     """The coordinator's backend from the hand-off on: DDP's reducer reduces inside backward,
     ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's."""
 
-    def __init__(self, reducer: TorchReducer, updates: Any, rounds_before: int) -> None:
+    def __init__(self, reducer: TorchReducer, updates: Any, life: RoundLife) -> None:
         self.reducer = reducer
         self.updates = updates  # the plane's DeferredUpdates: the user's optimizer, AMP's scaling kept
-        self.rounds_before = rounds_before  # reduced by gradsched's plane before the hand-off
-
-    @property
-    def rounds(self) -> int:
-        return self.rounds_before + self.reducer.rounds
+        self.life = life  # the run's rounds, counted on from the plane's
 
     @property
     def uneven(self) -> DistributedDataParallel:
@@ -116,6 +115,8 @@ class ReducerBackend:
     joined = False  # DDP's join keeps its own state
 
     def step(self) -> None:  # DDP's reducer finished every reduction inside backward
+        self.life.close()
+        self.life.stepped()
         self.updates.apply_now(range(len(self.updates.params)), self.updates.snapshot())
 
     def synchronize(self) -> None:
@@ -135,3 +136,13 @@ class ReducerBackend:
     def close(self, wait: bool) -> None:
         self.reducer.close()
 
+
+def take_over(co: Any) -> ReducerBackend:
+    """DDP's reducer in place of the plane of ``co`` (a coordinator whose plane is idle):
+    gradsched's own hooks off the training thread's path, its buffers (flat gradient buffers,
+    compression's wire copies) let go, the run's rounds counted on."""
+    co.plane.detach()
+    co.plane.release_buffers()
+    reducer = TorchReducer(co.model, co.topology.data, co.config, co.life, syncing=co.sync.enabled,
+                           comm_hook=co.comm_hook)
+    return ReducerBackend(reducer, co.plane.updates, co.life)

@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.comm.streams import Produced
+from gradsched.runtime.device import Produced
 from gradsched.runtime.torch_private import plain_torch_function
 
 
@@ -59,6 +59,7 @@ class Handover:
         self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
         self.scales: dict[int, float] = {}  # parameter -> factor, applied once reduced (before clamping)
         self.kept: dict[int, torch.Tensor] = {}  # parameter -> the value its .grad gets back once reduced
+        self.unsettled: set[int] = set()  # handed over, and this thread not yet ordered after the reduction
         self._warned_create_graph = False
 
     def place(self, grad: torch.Tensor, home: torch.Tensor | None) -> torch.Tensor:
@@ -96,6 +97,7 @@ class Handover:
         marked._gradsched_plain = grad
         marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
         self.params[i].grad = marked
+        self.unsettled.add(i)
         self.exchange.mark_ready(i, grad, round_index, produced)
 
     def wait(self, indices: Sequence[int], what: str) -> None:
@@ -106,10 +108,13 @@ class Handover:
         self.settle(indices)
 
     def settle(self, indices: Sequence[int]) -> None:
-        """These gradients are reduced and seen so: plain tensors again, clamped if asked; on CUDA
-        the current stream waits for their reduced values first (where they are used)."""
+        """These gradients are reduced and seen so: plain tensors again, clamped if asked; on a
+        device with streams the current stream waits for their reduced values first (where they
+        are used). "Reduced" on NCCL means queued: until settled, neither this thread's reads
+        nor its writes (the next backward pass accumulating) may touch a gradient's memory."""
         self.exchange.order_after(indices)
         for i in indices:
+            self.unsettled.discard(i)
             p = self.params[i]
             if isinstance(p.grad, InFlightGrad):
                 p.grad = p.grad._gradsched_plain
@@ -138,11 +143,11 @@ class Handover:
         value = float(value)
         now = []
         for i in range(len(self.params)):
-            if self.exchange.in_flight(i):
-                self.clamps[i] = min(value, self.clamps.get(i, value))
+            if i in self.unsettled and (self.exchange.in_flight(i) or not self.exchange.ended(i)):
+                self.clamps[i] = min(value, self.clamps.get(i, value))  # where it is settled (NCCL: queued)
             else:
                 now.append(i)
-        self.settle(now)  # at once: on CUDA one stream wait per message, not per gradient
+        self.settle(now)  # waits for nothing: ended, or settled already
         for i in now:
             if self.params[i].grad is not None:
                 self.params[i].grad.clamp_(-value, value)

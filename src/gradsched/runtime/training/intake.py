@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from gradsched.runtime.comm.streams import produced_here
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import plain
 from gradsched.runtime.training.unused import UnusedParameters, agree_unused
@@ -61,7 +60,7 @@ class Intake:
         if plane.trace:
             plane.trace.ready(current.index, name, now, backward_from=timing.forward_end)
         plane.handover.hand_over(i, grad, current.index, current.grad_scale,
-                                 produced=produced_here(plane.clock.device, timing.events.get(key)))
+                                 produced=plane.device.produced(timing.events.get(key)))
 
     def close(self) -> None:
         """The round's backward pass is over: settle what it left unused, if it ended early."""
@@ -76,7 +75,7 @@ class Intake:
         self.globally_unused = self.agree(self.unused.settle(len(plane.params)))
         for i in [i for i in range(len(plane.params)) if exchange.ready_round[i] != current.index]:
             p = plane.params[i]
-            if exchange.in_flight(i) or plane.updates.pending(i):  # its previous round first
+            if i in handover.unsettled or plane.updates.pending(i):  # its previous round first (NCCL: ran)
                 plane.updates.wait_and_apply([i], f"parameter {plane.names[i]!r}")
             home = current.homes.get(i)
             held = plain(p.grad)

@@ -24,13 +24,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.comm.plans import PlanVersions, tensor_specs
-from gradsched.runtime.comm.sharded import ShardedLayout, Shards
-from gradsched.runtime.comm.transports import make_transport, travelling_dtype
+from gradsched.runtime.comm.dataplane import open_data_plane
 from gradsched.runtime.diagnostics.exposure import say_exposure
 from gradsched.runtime.errors import GradschedError
-from gradsched.runtime.planning.planner import Planner, initial_plan
+from gradsched.runtime.planning.planner import Planner
 from gradsched.runtime.planning.profiling import RoundTiming
 from gradsched.runtime.training.buffer_sync import BufferSync
 from gradsched.runtime.training.hooks import Hook
@@ -53,19 +50,10 @@ class Plane:
         self.config, self.topology, self.trace, self.clock = co.config, co.topology, co.trace, co.clock
         self.sync, self.exposure, self.entry, self.explain = co.sync, co.exposure, co.entry, explain
         self.rank, self.world_size = co.rank, co.world_size
-        config = co.config
-        sharded = config.architecture == "sharded"  # plans over shards (gradsched.runtime.comm.sharded)
-        self.shards = Shards(self.names, self.params, self.rank, self.world_size,
-                                                config.compression) if sharded else None
-        self.tensors = self.shards.specs() if sharded else tensor_specs(
-            self.names, self.params, travelling_dtype(config.compression, comm_hook))
-        versions = PlanVersions(initial_plan(self.tensors, co.policy, config.plan_architecture))
-        transport = make_transport(co.topology, self.names, self.params, versions, config.compression, comm_hook,
-                                   self.shards)
-        self.exchange = Exchange(self.tensors, self.params, versions, transport, config.timeout,
-                                 self.trace.on_exchange if self.trace else None,
-                                 (lambda plan: ShardedLayout(self.shards)) if sharded else None)
-        self.exchange.explain = explain
+        opened = open_data_plane(self.names, self.params, co.policy, co.config, co.topology, comm_hook,
+                                 self.trace.on_exchange if self.trace else None, explain)
+        self.tensors, self.shards, self.device, self.exchange = (opened.tensors, opened.shards, opened.device,
+                                                                 opened.exchange)
         try:  # the launcher runs: nothing of a half-built plane may outlive it
             self._build(co, sparse, explain)
         except BaseException:
@@ -74,7 +62,7 @@ class Plane:
 
     def _build(self, co: Any, sparse: tuple, explain: Callable[[], str]) -> None:
         config = co.config
-        self.current = Round()
+        self.current = Round(co.life)  # the coordinator's: the count goes on after a hand-off
         self.closed = False
         self.broken = False  # a round that can never complete: close() must not wait for it
         self.handover = Handover(self.params, self.exchange)
@@ -89,8 +77,8 @@ class Plane:
         self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
         allreduce = config.architecture != "ps"  # else the data group holds the servers too
         self.buffer_sync = BufferSync(self.model, self.exchange,
-                                      partial(getattr, co.topology, "data" if allreduce else "buffers"),
-                                      allreduce, explain)
+                                      partial(getattr, co.topology, "broadcasts" if allreduce else "buffers"),
+                                      allreduce, explain, self.device)
         self.planner = Planner(self.tensors, self.params, co.policy, config, self.waits.owners(self.names),
                                self.exchange, co.topology.control, self.rank, self.world_size, co.topology.data,
                                self.clock, settle=partial(self.handover.wait, range(len(self.params)), "all parameters"),
@@ -104,8 +92,6 @@ class Plane:
     def round(self) -> int:
         """The latest round begun (backward pass that communicates), numbered from 1."""
         return self.current.index
-
-    rounds = round  # backward passes reduced so far
 
     @property
     def joined(self) -> bool:
@@ -235,10 +221,9 @@ class Plane:
         self.close_round()
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
-        else:  # a gradient no step claimed would have the next backward pass added to it on the wire
-            unclaimed = [i for i in range(len(self.params)) if self.exchange.in_flight(i)
-                         and not self.updates.pending(i)]
-            if unclaimed:
+        else:  # a gradient no step claimed would have the next backward pass added to it while it is reduced
+            unclaimed = sorted(i for i in self.handover.unsettled if not self.updates.pending(i))
+            if unclaimed:  # (on NCCL also once resolved: that is, queued)
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self.current.life.forward()
         self.active_at = time.monotonic()

@@ -20,6 +20,7 @@ import math
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -52,12 +53,24 @@ def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
 
 
 class _Gathered:
-    """The all-gather of one message's parameters: done once they are back in the parameters."""
+    """The all-gather of one message's parameters: done (on the host) once its future completed;
+    its parameters are in place behind the future's events (on a GPU: a stream that waited)."""
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: Any) -> None:
         self.future = future
         self.done = threading.Event()
+        self.waited = False  # the training thread's stream is ordered after it
         future.add_done_callback(lambda _: self.done.set())
+
+    def wait(self, timeout_s: float, what: str) -> None:
+        """The training thread's stream after the gather (raises if it failed or timed out)."""
+        if self.waited:
+            return
+        if not self.done.wait(timeout_s):
+            raise GradschedError(f"timed out after {timeout_s:.0f} s waiting for the all-gather of {what}: another "
+                                 "rank is stuck or did not step")
+        self.future.wait()  # NCCL: complete once queued; this orders the stream after it
+        self.waited = True
 
 
 class ShardedStep:
@@ -65,6 +78,7 @@ class ShardedStep:
                  handover: Handover, updates: DeferredUpdates, timeout_s: float) -> None:
         self.shards = shards
         self.exchange = exchange
+        self.device = exchange.device
         self.group = group  # the data group (read when used: released at close)
         self.handover = handover
         self.updates = updates
@@ -90,8 +104,8 @@ class ShardedStep:
     def _gather(self, messages: Sequence[Any]) -> list[tuple[list[int], _Gathered]]:
         """On the launcher thread, in the data group's order: every message's all-gather."""
         group = self.group()
-        return [([self.shards.index[name] for name in m.tensors], _Gathered(self.shards.gather(m, group)))
-                for m in messages]
+        return [([self.shards.index[name] for name in m.tensors],
+                 _Gathered(self.shards.gather(m, group, self.device))) for m in messages]
 
     @contextmanager
     def _on_shards(self, indices: Sequence[int]) -> Iterator[None]:
@@ -161,7 +175,7 @@ class ShardedStep:
                 if entry is not None:
                     entry[key] = joined[:p.numel()].view(p.shape).clone()
 
-        self.exchange.between_rounds(gather)
+        self.exchange.between_rounds(partial(self.device.run, self.group(), gather))
         return saved
 
     # -- waits ---------------------------------------------------------------------------------
@@ -175,10 +189,7 @@ class ShardedStep:
         deadline = time.monotonic() + self.timeout_s
         for i in indices:
             for gathered in self._waiting.pop(i, ()):
-                if not gathered.done.wait(max(0.0, deadline - time.monotonic())):
-                    raise GradschedError(f"timed out after {self.timeout_s:.0f} s waiting for the all-gather of "
-                                         f"{what}: another rank is stuck or did not step")
-                gathered.future.value()  # raises if the collective failed
+                gathered.wait(max(0.0, deadline - time.monotonic()), what)
 
     def wait_all(self) -> None:
         self.wait(range(len(self.shards.params)), "all parameters")
@@ -205,7 +216,10 @@ class ShardedStep:
                                                                                      device=device)
             op = dist.ReduceOp.SUM
         part = part.reshape(1)
-        self.exchange.between_rounds(lambda: dist.all_reduce(part, op=op, group=self.group()))
+        group = self.group()
+        reduced = self.exchange.between_rounds(
+            lambda: self.device.issue(group, lambda: dist.all_reduce(part, op=op, group=group, async_op=True)))
+        reduced.wait()  # the norm is read on this thread's stream
         total = part[0] if math.isinf(norm_type) else part[0] ** (1.0 / norm_type)
         if error_if_nonfinite and not torch.isfinite(total):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "

@@ -61,18 +61,25 @@ class DeferredUpdates:
                                  if getattr(self.optimizer, name, None) is not None})
 
     def request_step(self, indices: Sequence[int], snapshot: Snapshot) -> None:
-        """Mark ``indices`` for an update with ``snapshot``; apply those already reduced."""
+        """Mark ``indices`` for an update with ``snapshot``; apply at once those this thread can
+        apply without waiting (reduced and ended, or settled already): on NCCL a gradient is
+        resolved once queued, and an update applied now would put the next forward pass's
+        every kernel behind every reduction (the Dependency Proxy lost)."""
         now = []
         for i in indices:
             self.update[i] = snapshot
-            if not self.exchange.in_flight(i):
+            if self.ready_now(i):
                 now.append(i)
         self.apply(now)
+
+    def ready_now(self, i: int) -> bool:
+        """Gradient ``i`` may be used now without waiting for the device."""
+        return not self.exchange.in_flight(i) and (i not in self.handover.unsettled or self.exchange.ended(i))
 
     def request_zero(self, set_to_none: bool) -> None:
         now = []
         for i in range(len(self.params)):
-            if self.exchange.in_flight(i) or i in self.update:
+            if i in self.update or not self.ready_now(i):
                 self.zero[i] = set_to_none
             else:
                 now.append(i)

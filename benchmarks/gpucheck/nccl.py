@@ -1,0 +1,120 @@
+"""nccl: one NCCL rank, its reduction (the identity) made visible. A communication hook queues a
+device sleep before the all-reduce and, behind the all-reduce's future, a sleep and a
+multiplication by ``FACTOR``: the reduced gradient is ``FACTOR`` times the local one, and is in
+place only once the device has run the work behind the future (NCCL completes the future when
+the all-reduce is queued). Checked against the same arithmetic done here:
+
+* a read of ``.grad`` right after ``backward()``;
+* the parameters each module's forward sees after ``step()`` (SGD: gradsched updates each in
+  the module's forward pre-hook);
+* two backward passes before one step (``FACTOR * (FACTOR * g1 + g2)``);
+* no value is NaN: before each message the hook fills freshly allocated memory like the
+  message's buffer with NaN on the stream it runs on (the launcher's), so a buffer gradsched
+  let go of while the device still read it would be handed out again and poisoned.
+
+On CPU the part runs on gloo with NCCL's semantics emulated (``GRADSCHED_EMULATE_NCCL``), where
+a consumer that skips its event wait, or a completion that takes a done future for a reduced
+message, fails it (tests/bench/test_gpu_check.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsched
+from gpucheck.common import SMALL, device_sleep, mlp, row, sync
+
+FACTOR = 4.0  # a power of two: the scaled values are exact
+POLICIES = ("fifo", "bytescheduler", "prophet")
+EMULATION = {"GRADSCHED_EMULATE_NCCL": "0.05"}  # its environment on CPU
+
+
+def visible_hook(device: torch.device, before_s: float, after_s: float):
+    """All-reduce, with a sleep before and a sleep and ``* FACTOR`` behind it (see the module's docstring)."""
+
+    def hook(state, bucket):  # unannotated: DDP checks annotations against its own classes
+        group = state if isinstance(state, dist.ProcessGroup) else None
+        buffer = bucket.buffer()
+        poison = [torch.full_like(buffer, float("nan")) for _ in range(4)]  # freed at once: reusable blocks, NaN
+        del poison
+        device_sleep(device, before_s)
+        future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+
+        def scaled(done: torch.futures.Future) -> torch.Tensor:
+            device_sleep(device, after_s)
+            return done.value()[0].mul_(FACTOR)
+
+        return future.then(scaled)
+
+    return gradsched.pipelined(hook)
+
+
+def _gradients(model: nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """The local gradients of ``model`` summed over one backward pass per input (no communication)."""
+    model = copy.deepcopy(model)
+    for x in inputs:
+        model(x).pow(2).mean().backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _worst(read: list[torch.Tensor], expected: list[torch.Tensor]) -> tuple[float, bool]:
+    finite = all(bool(torch.isfinite(r).all()) for r in read)
+    return max((r - e).abs().max().item() for r, e in zip(read, expected)), finite
+
+
+def part_nccl(device: torch.device, quick: bool) -> list[dict]:
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    base = mlp(512 if cuda else 64, 4, 64).to(device)
+    x1, x2, x3 = (torch.randn(256 if cuda else 32, base[0].in_features, device=device) for _ in range(3))
+    before, after = (0.02, 0.02) if cuda else (0.01, 0.01)
+    g1, g2 = _gradients(base, x1), _gradients(base, x2)
+    lr = 0.5
+    stepped = copy.deepcopy(base)  # what a forward pass after step() must see
+    reference = torch.optim.SGD(stepped.parameters(), lr=lr)
+    for p, g in zip(stepped.parameters(), g1):
+        p.grad = g * FACTOR
+    reference.step()
+    after_step = [p.detach().clone() for p in stepped.parameters()]
+    twice = [(a * FACTOR + b) * FACTOR for a, b in zip(g1, g2)]
+    scale = max(g.abs().max().item() for g in g1) * FACTOR
+    tolerance = 1e-6 * scale
+    rows = []
+    for policy in (POLICIES[1:] if quick else POLICIES):
+        checks = {}
+        model = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy, policy_options=SMALL[policy],
+                                                  fallback=False, handoff=False)
+        model.register_comm_hook(None, visible_hook(device, before, after))
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        seen: list[torch.Tensor] = []
+        handles = [m.register_forward_pre_hook(lambda m, a: seen.extend(p.detach().clone() for p in m.parameters()))
+                   for m in model.module if isinstance(m, nn.Linear)]  # after gradsched's: what forward uses
+        model(x1).pow(2).mean().backward()
+        checks["read right after backward"] = _worst([p.grad.detach().clone() for p in model.parameters()],
+                                                     [g * FACTOR for g in g1])
+        optimizer.step()
+        model(x3).pow(2).mean()  # a forward pass: each module updated before it runs
+        checks["the forward pass after step() sees the update"] = _worst(seen, after_step)
+        for h in handles:
+            h.remove()
+        optimizer.zero_grad(set_to_none=True)
+        model.synchronize()
+        model.close()
+        accumulating = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy,
+                                                         policy_options=SMALL[policy], fallback=False, handoff=False)
+        accumulating.register_comm_hook(None, visible_hook(device, before, after))
+        accumulating(x1).pow(2).mean().backward()
+        accumulating(x2).pow(2).mean().backward()  # adds to gradients reduced (or, on NCCL, queued) before
+        checks["two backward passes before one step"] = _worst(
+            [p.grad.detach().clone() for p in accumulating.parameters()], twice)
+        accumulating.close()
+        sync(device)
+        for what, (diff, finite) in checks.items():
+            rows.append(row(f"nccl {policy} {what}", diff <= tolerance and finite,
+                            f"max |diff| {diff:.2e} from the values computed here (tolerance {tolerance:.1e}; "
+                            f"unreduced ones are {FACTOR:.0f}x off); {'no NaN' if finite else 'NaN read'}",
+                            max_abs_diff=diff, finite=finite))
+    return rows
