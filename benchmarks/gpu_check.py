@@ -1,7 +1,9 @@
 """The GPU check: what gradsched's CUDA path must do on one GPU, part by part, each able to fail.
 
 On the lent machine (one GPU, its own CUDA build of torch, no package index), from the
-repository's root, one command (about 5 minutes; --budget stops it before 8):
+repository's root, one command, under 8 minutes (the parts get --budget, 450 s, and the
+machine's start the rest; their limits add up to 645 s, so the last ones are skipped if the
+first run long; not yet run on a GPU):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
         PYTHONPATH=/tmp/site:src python3 benchmarks/gpu_check.py --json $OUT/gpu-check.json

@@ -96,6 +96,7 @@ def part_nccl(device: torch.device, quick: bool) -> list[dict]:
         checks["read right after backward"] = _worst([p.grad.detach().clone() for p in model.parameters()],
                                                      [g * FACTOR for g in g1])
         optimizer.step()
+        seen.clear()  # (the first forward pass's)
         model(x3).pow(2).mean()  # a forward pass: each module updated before it runs
         checks["the forward pass after step() sees the update"] = _worst(seen, after_step)
         for h in handles:

@@ -1,8 +1,11 @@
-"""The GPU check (benchmarks/gpu_check.py) on CPU: every part runs (gloo, no streams) and every
-row judged there passes; with a planted defect (tests/mutant) the rows named for it fail: a
+"""The GPU check (benchmarks/gpu_check.py) on CPU: every part runs (gloo; the nccl part with NCCL's
+completion semantics emulated) and every row judged there passes; its rows are written as each
+part ends, and a budget too small for a part skips it; with a planted defect (tests/mutant) the
+rows named for it fail: a consumer that skips its event wait, or a completion that takes a done
+future for a reduced message, fails the nccl rows (and passes the reduction rows, on gloo); a
 transport that does not reduce fails the reduction rows, a completion that resolves messages
-before their results are in place fails the rows over a slow link. Asked for CUDA where there
-is none, it says so and exits 2."""
+before their results are in place fails those over a slow link. Asked for CUDA where there is
+none, it says so and exits 2; its --help names the command for a lent GPU."""
 
 from __future__ import annotations
 
@@ -34,21 +37,47 @@ def check(tmp_path, *args: str, mutant: str | None = None) -> tuple[int, list[di
 def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
     code, rows = check(tmp_path)
     assert code == 0, [r for r in rows if r["ok"] is False]
-    parts = {r["part"] for r in rows}
-    assert parts == {"reduction", "overlap", "profile", "handoff", "host_syncs", "sync_bn", "end_to_end", "overhead"}
+    parts = [r["part"] for r in rows]
+    assert list(dict.fromkeys(parts)) == ["nccl", "reduction", "streams", "handoff", "steady", "overlap", "sync_bn",
+                                          "end_to_end", "profile", "host_syncs", "overhead"]  # the order they run in
     judged = [r["check"] for r in rows if r["ok"] is True]
+    assert sum(c.startswith("nccl") for c in judged) == 2 * 3  # bytescheduler, prophet: three checks each
     assert sum(c.startswith("reduction") for c in judged) == 3 * 2 + 2  # fp32 and fp16, and the slow link
     assert sum(c.startswith("handoff") for c in judged) == 2  # values, and the flat buffers freed
     assert sum(c.startswith("end_to_end") for c in judged) == 8 + 1
     assert len([r for r in rows if r["check"].startswith("overhead")]) == 5  # DDP and every policy
+    assert [r["check"] for r in rows if r["check"].startswith("steady")]  # shown (judged on a GPU only)
 
 
-@pytest.mark.parametrize("mutant, failing", [("no-reduction", "fp32"), ("early-resolve", "over a slow link")])
-def test_the_reduction_rows_fail_on_a_planted_defect(tmp_path, mutant, failing):
-    code, rows = check(tmp_path, "--parts", "reduction", mutant=mutant)
+@pytest.mark.parametrize("mutant, failing, passing", [
+    ("skipped-wait", ("nccl",), ("reduction",)),
+    pytest.param("done-is-reduced", ("nccl",), ("reduction",), marks=pytest.mark.slow),
+    ("no-reduction", ("reduction fifo fp32", "reduction prophet fp32"), ()),
+    pytest.param("early-resolve", ("reduction fifo over a slow link", "reduction prophet over a slow link"), (),
+                 marks=pytest.mark.slow),  # CI: one defect the nccl rows see, one the reduction rows see
+])
+def test_the_rows_named_for_a_planted_defect_fail(tmp_path, mutant, failing, passing):
+    code, rows = check(tmp_path, "--parts", "nccl,reduction", mutant=mutant)
     assert code == 1
-    named = [r for r in rows if r["check"].startswith("reduction") and r["check"].endswith(failing)]
+    named = [r for r in rows if r["check"].startswith(failing)]
     assert named and all(r["ok"] is False for r in named), rows
+    unseen = [r for r in rows if r["check"].startswith(passing) and r["ok"] is not None] if passing else []
+    assert all(r["ok"] for r in unseen), unseen  # on gloo a done future is a reduced one: invisible there
+
+
+def test_each_part_is_written_as_it_ends_and_the_budget_skips_what_cannot_finish(tmp_path):
+    code, rows = check(tmp_path, "--parts", "streams,overhead", "--budget", "60")
+    assert code == 0
+    assert [r["part"] for r in rows] == ["streams", "overhead"]
+    assert rows[1]["ok"] is None and rows[1]["detail"].startswith("skipped: ")  # overhead may take 90 s
+
+
+def test_the_help_names_the_one_command_for_a_lent_gpu():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert done.returncode == 0
+    assert "--no-index --no-deps --target /tmp/site .whl/*.whl" in done.stdout and "make gpu-wheels" in done.stdout
+    assert "under 8" in done.stdout and all(part in done.stdout for part in ("nccl", "steady", "overhead"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")

@@ -7,8 +7,8 @@ wrong values here, where on gloo (a future completes once reduced) it cannot be 
 * the cases where it matters (workers/nccl_semantics.py: accumulation with and without
   ``no_sync``/``require_backward_grad_sync``, two backward passes before one step, backward
   passes without an optimizer, unused parameters, clipping, compression, a communication hook,
-  the hand-off to DDP's reducer with ``step(closure)``), BatchNorm buffers in every one, both
-  APIs; every policy in the slow set;
+  the hand-off to DDP's reducer with ``step(closure)``), BatchNorm buffers in every one;
+  prophet through DistributedDataParallel in CI, every policy through both APIs in the slow set;
 * the project's own equality tests under the emulation: parameter servers, sharded, DDP's
   contract, the main comparison;
 * planted defects (a consumer that skips its event wait; a completion that takes a future that
@@ -64,12 +64,11 @@ def check(ranks: list[dict], cases, policies, apis=("ddp", "wrap")) -> None:
 
 
 def test_where_nccl_semantics_matter_gradsched_equals_ddp(tmp_path):
-    policies = ("bytescheduler", "prophet")
-    check(semantics(tmp_path, CASES, policies), CASES, policies)
+    check(semantics(tmp_path, CASES, ("prophet",), ("ddp",)), CASES, ("prophet",), ("ddp",))
 
 
-@pytest.mark.slow  # CI: the test above (bytescheduler and prophet: their windows leave messages queued)
-def test_where_nccl_semantics_matter_every_policy_equals_ddp(tmp_path):
+@pytest.mark.slow  # CI: the test above (prophet: its window leaves messages queued), wrap in the next ones
+def test_where_nccl_semantics_matter_every_policy_equals_ddp_through_both_apis(tmp_path):
     check(semantics(tmp_path, CASES, POLICIES), CASES, POLICIES)
 
 
@@ -92,9 +91,8 @@ def test_the_next_forward_pass_overlaps_the_messages_of_the_round_before(tmp_pat
     queued (each module's forward applies its own: on NCCL every message is resolved, that is
     queued, by the time of the step), and the buffer broadcast runs meanwhile on a communicator
     of its own (on the data group it would wait for every message before it)."""
-    policies = ("bytescheduler", "prophet")
-    ranks = semantics(tmp_path, ("plain",), policies, ("ddp", "wrap"), {"GRADSCHED_EMULATE_NCCL": "0.02,0.03"})
-    check(ranks, ("plain",), policies)
+    ranks = semantics(tmp_path, ("plain",), ("prophet",), ("ddp", "wrap"), {"GRADSCHED_EMULATE_NCCL": "0.02,0.03"})
+    check(ranks, ("plain",), ("prophet",))
     for key, result in ranks[0].items():
         assert result["broadcasts"] >= 10 and result["broadcasts_overlapping"] >= result["broadcasts"] // 2, result
         assert min(result["deferred"][3:]) > 0, result  # after the profile: updates left to their modules
@@ -107,11 +105,16 @@ def emulated_workers(tmp_path, worker: str, world: int, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_sharded_equals_ddp_under_the_emulation(tmp_path):
+@pytest.mark.parametrize("policies, cases", [
+    ("prophet", "wrap:sgd,accumulate:adamw-groups,slow:sgd"),
+    pytest.param("fifo,priority,bytescheduler,prophet",
+                 "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,slow:sgd,compress:adamw-groups",
+                 marks=pytest.mark.slow)])
+def test_sharded_equals_ddp_under_the_emulation(tmp_path, policies, cases):
     from test_sharded import check as check_sharded
 
-    cases = "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,slow:sgd,compress:adamw-groups"
-    check_sharded(emulated_workers(tmp_path, "sharded", 2, "--cases", cases, "--policies", "fifo,prophet"), 2, 6 * 2)
+    reports = emulated_workers(tmp_path, "sharded", 2, "--cases", cases, "--policies", policies)
+    check_sharded(reports, 2, len(cases.split(",")) * len(policies.split(",")))
 
 
 def test_parameter_servers_equal_ddp_under_the_emulation(tmp_path):
