@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 import time
 
@@ -17,9 +18,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gradsched.bench.processes import free_port
 from gpucheck.common import row
 from gpucheck.parts import PARTS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, device: str, part: str, quick: bool,

@@ -81,3 +81,31 @@ def test_a_pickle_is_never_run(tmp_path):
 def test_collectives_carry_messages(world_of_one):
     assert wire_format.broadcast("proposal", PROPOSAL, 0, None) == PROPOSAL
     assert wire_format.all_gather("checks", CHECKS, None) == [CHECKS]
+
+
+def test_messages_between_ranks_need_torch_alone(tmp_path):
+    """``pip install gradsched`` brings torch, which runs without numpy: what arrives from another
+    rank is read without it (two ranks, numpy made unimportable in each)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent(f"""
+        import sys
+        sys.modules["numpy"] = None  # import numpy fails from here on
+        import torch, torch.distributed as dist
+        from gradsched.runtime.comm import wire_format
+        from gradsched.core.plan import Plan, PlannedMessage
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
+        plan = Plan("fifo", False, (PlannedMessage((("w", 0, 4),), 16, None, None, 0.0, 1.0),), span_s=1.0)
+        assert wire_format.broadcast("plan", wire_format.PlanUpdate(rank + 1, plan), 0, None).version == 1
+        assert [u.version for u in wire_format.all_gather("plan", wire_format.PlanUpdate(rank, plan), None)] == [0, 1]
+        dist.destroy_process_group()
+        print("ok")
+    """)
+    ranks = [subprocess.Popen([sys.executable, "-c", program, str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    for rank in ranks:
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0 and out.strip() == "ok", err[-2000:]

@@ -130,6 +130,13 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def _received(n: int) -> tuple[bytearray, torch.Tensor]:
+    """Memory for ``n`` bytes to receive into, as a uint8 tensor over a bytearray: what arrives
+    is read from the bytearray (no numpy: torch alone must do)."""
+    memory = bytearray(n)
+    return memory, torch.frombuffer(memory, dtype=torch.uint8)
+
+
 LIMIT = 1 << 30  # bytes: no gradsched message comes near (a plan of a million messages is ~50 MB)
 
 
@@ -147,9 +154,9 @@ def broadcast(kind: str, body: Any, src: int, group: dist.ProcessGroup | None) -
     size = torch.tensor([payload.numel() if mine else 0], dtype=torch.int64)
     dist.broadcast(size, group_src=src, group=group)
     if not mine:
-        payload = torch.empty(_size(int(size.item()), f"rank {src}"), dtype=torch.uint8)
+        memory, payload = _received(_size(int(size.item()), f"rank {src}"))
     dist.broadcast(payload, group_src=src, group=group)
-    return body if mine else decode(payload.numpy().tobytes(), kind, f"rank {src}")
+    return body if mine else decode(bytes(memory), kind, f"rank {src}")
 
 
 def all_gather(kind: str, body: Any, group: dist.ProcessGroup | None) -> list[Any]:
@@ -162,10 +169,10 @@ def all_gather(kind: str, body: Any, group: dist.ProcessGroup | None) -> list[An
     longest = max(_size(int(n.item()), f"rank {rank}") for rank, n in zip(ranks, sizes))
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: payload.numel()] = payload
-    everyone = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
-    dist.all_gather(everyone, padded, group=group)
-    return [decode(data[: int(size.item())].numpy().tobytes(), kind, f"rank {rank}")
-            for rank, data, size in zip(ranks, everyone, sizes)]
+    received = [_received(longest) for _ in range(world)]
+    dist.all_gather([tensor for _, tensor in received], padded, group=group)
+    return [decode(bytes(memory[: int(size.item())]), kind, f"rank {rank}")
+            for rank, (memory, _), size in zip(ranks, received, sizes)]
 
 
 def send(kind: str, body: Any | None, dst: int, group: dist.ProcessGroup) -> tuple[list, list]:
@@ -187,6 +194,6 @@ def receive(kind: str, src: int, group: dist.ProcessGroup, size: torch.Tensor, s
     n = int(size.item())
     if n == 0:
         return None
-    payload = torch.empty(_size(n, f"rank {src}"), dtype=torch.uint8)
+    memory, payload = _received(_size(n, f"rank {src}"))
     dist.recv(payload, group_src=src, group=group)
-    return decode(payload.numpy().tobytes(), kind, f"rank {src}")
+    return decode(bytes(memory), kind, f"rank {src}")
