@@ -1,7 +1,7 @@
 """Worker: a policy whose measured trial keeps DDP-style buckets (certain: it would have to be
 99% faster) hands the gradients to DDP's own reducer at the same step on every rank, and
-trains as DDP does, through both APIs, no_sync(), global-norm clipping and BatchNorm buffers
-included, and an
+trains as DDP does, through both APIs, no_sync(), global-norm clipping, ``step(closure)`` and
+BatchNorm buffers included, and an
 epoch of uneven inputs under join() at the end (rank 0 has 3 more batches than rank 1:
 DDP's own join, the joined rank shadowing with zeros).
 
@@ -24,6 +24,7 @@ from workers.train_compare import SMALL, Net, against, batches, seeded_reference
 STEPS = 24
 ACCUMULATE = (18, 19)  # these steps add a no_sync() micro-batch before the one that communicates
 CLIPPED = (20, 21)  # these clip by global norm (long after the hand-off): gradsched's clipping against torch's
+CLOSURE = (22, 23)  # these step with a closure (Lightning's automatic optimization): forward and backward inside
 OPTIONS = dict(policy="priority", policy_options=SMALL["priority"], profile_rounds=2, trial_rounds=3,
                fallback_gain=0.99, replan_every=0)
 
@@ -36,6 +37,9 @@ def run(model, opt, data, no_sync, clip) -> None:
     loss_fn = nn.CrossEntropyLoss()
     for step, (x, y) in enumerate(data):
         opt.zero_grad()
+        if step in CLOSURE:
+            opt.step(lambda: loss_fn(model(x), y).backward())
+            continue
         if step in ACCUMULATE:
             with no_sync():
                 loss_fn(model(x.flip(0)), y.flip(0)).backward()
