@@ -70,20 +70,12 @@ if os.environ.get("GRADSCHED_MUTANT") == "done-is-reduced":
 
     from gradsched.runtime.comm import completion
 
-    def _done_is_reduced(self):
+    def _done_is_reduced(self, futures, resolved, finished):
         """A completion that takes a future that is done for a message that is reduced: resolved
         with no event behind it (on gloo that holds; on NCCL a future is done once queued)."""
-        with self.device.own_stream("completion") as stream:
-            self.streams.append(stream)
-            while True:
-                item = self._queue.get()
-                if item is None:
-                    self._ended.put(None)
-                    return
-                futures, resolved, finished = item
-                while not all(f.done() for f in futures):
-                    time.sleep(1e-4)
-                resolved(None)
-                self._ended.put((self.device.record(), finished, None))
+        while not all(f.done() for f in futures):
+            time.sleep(1e-4)
+        resolved(None)
+        self._ended.put((self.device.record(), finished, None))
 
-    completion.OrderedCompletion._resolve = _done_is_reduced
+    completion.OrderedCompletion._resolve_one = _done_is_reduced

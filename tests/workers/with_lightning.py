@@ -105,6 +105,12 @@ def main() -> None:
         strategy = GradschedStrategy(policy=policy, policy_options=SMALL[policy], fallback=False,
                                      ddp_comm_hook=default_hooks.fp16_compress_hook)
         report["cases"][f"fp16-hook/{policy}"] = gap(fit(strategy, 2), reference)
+    # past the hand-off to DDP's reducer (the trial keeps the buckets for certain), Lightning's
+    # automatic optimization stepping with a closure on either side of it: 10 epochs, 20 rounds
+    strategy = GradschedStrategy(policy="prophet", policy_options=SMALL["prophet"], fallback_gain=0.99,
+                                 profile_rounds=2, trial_rounds=3, trial_pairs=1)
+    report["cases"]["handoff/prophet"] = gap(fit(strategy, 10), fit(DDPStrategy(), 10))
+    report["handed_off"] = strategy.stats.handed_off_round
     # resume: 2 epochs, a checkpoint, 2 more, against 4 uninterrupted (DDP), both ways
     reference = fit(DDPStrategy(), 4)
     half = f"{ckpt_dir}/half.ckpt"
