@@ -50,12 +50,12 @@ def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
 
 
 @pytest.mark.parametrize("mutant, failing, passing", [
-    ("skipped-wait", ("nccl",), ("reduction",)),
+    pytest.param("skipped-wait", ("nccl",), ("reduction",), marks=pytest.mark.slow),
     pytest.param("done-is-reduced", ("nccl",), ("reduction",), marks=pytest.mark.slow),
     ("no-reduction", ("reduction fifo fp32", "reduction prophet fp32"), ()),
     pytest.param("early-resolve", ("reduction fifo over a slow link", "reduction prophet over a slow link"), (),
-                 marks=pytest.mark.slow),  # CI: one defect the nccl rows see, one the reduction rows see
-])
+                 marks=pytest.mark.slow),
+])  # CI: no-reduction here; the two the nccl rows see, in test_nccl_semantics.py's equality tests
 def test_the_rows_named_for_a_planted_defect_fail(tmp_path, mutant, failing, passing):
     code, rows = check(tmp_path, "--parts", "nccl,reduction", mutant=mutant)
     assert code == 1
