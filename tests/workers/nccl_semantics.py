@@ -12,7 +12,8 @@ largest difference of parameters and buffers (and of every gradient read):
 * ``flag``: the same by ``require_backward_grad_sync`` (DDP's attribute; ``wrap``: ``no_sync()``);
 * ``two_backward``: two backward passes that both communicate before one step;
 * ``no_optimizer``: backward passes and reads of ``.grad`` only, two passes accumulated each time;
-* ``unused``: a layer only rank 1 uses, ``find_unused_parameters=True``, two backward passes per step;
+* ``unused``: ``find_unused_parameters=True``, two backward passes per step: a layer no rank
+  uses and then every rank (zeros reduced for it, then its gradient), or rank 1 alone and then none;
 * ``clip`` / ``clip_value``: torch's ``clip_grad_norm_`` / ``clip_grad_value_`` after backward;
 * ``bf16``: ``compression="bf16"`` against DDP with the same compression as a hook;
 * ``hook``: PyTorch's ``allreduce_hook`` registered on both;
@@ -85,7 +86,6 @@ class Run:
     def __init__(self, case: str, kind: str, policy: str, rank: int) -> None:
         torch.manual_seed(0)
         self.net, self.case, self.kind, self.rank = Net(aux=case == "unused"), case, kind, rank
-        self.net.use_aux = case == "unused" and rank == 1
         self.reads: list[torch.Tensor] = []  # every gradient read (no_optimizer)
         self.deferred: list[int] = []  # after each step(): parameters whose update waits for their module
         options = dict(find_unused_parameters=case == "unused")
@@ -135,7 +135,11 @@ class Run:
                 self.model.require_backward_grad_sync = False
                 self.backward(x.flip(0), y.flip(0))
                 self.model.require_backward_grad_sync = True
-        elif case in ("two_backward", "no_optimizer", "unused"):
+        elif case == "unused":  # aux: on no rank then every rank (even steps); on rank 1 only then none (odd)
+            self.net.use_aux = index % 2 == 1 and self.rank == 1
+            self.backward(x.flip(0), y.flip(0))
+            self.net.use_aux = index % 2 == 0
+        elif case in ("two_backward", "no_optimizer"):
             self.backward(x.flip(0), y.flip(0))  # communicates, and is added to by the next
         if case == "no_optimizer":
             self.backward(x, y)

@@ -100,6 +100,13 @@ class Handover:
         self.unsettled.add(i)
         self.exchange.mark_ready(i, grad, round_index, produced)
 
+    def lend(self, i: int, tensor: torch.Tensor, round_index: int) -> None:
+        """Give the exchange ``tensor`` as gradient ``i`` without touching ``.grad`` (the zeros a
+        rank contributes for a gradient it has none of): its memory is the reduction's until
+        settled, as a handed-over gradient's is."""
+        self.unsettled.add(i)
+        self.exchange.mark_ready(i, tensor, round_index)
+
     def wait(self, indices: Sequence[int], what: str) -> None:
         """Block until these gradients are reduced, then settle them: the one answer on the
         training thread to "wait until this gradient is reduced" (a read of ``.grad``, a

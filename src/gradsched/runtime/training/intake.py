@@ -83,7 +83,7 @@ class Intake:
                 if home is not None and held is home:  # .grad lives where the message reduces: restored after
                     handover.hand_over(i, home, current.index, keep=home.clone())
                 else:
-                    exchange.mark_ready(i, home.zero_() if home is not None else torch.zeros_like(p), current.index)
+                    handover.lend(i, home.zero_() if home is not None else torch.zeros_like(p), current.index)
                 continue
             with torch.no_grad():  # used elsewhere: reduced with what this rank holds, as DDP does
                 if held is None:
@@ -106,8 +106,8 @@ class Intake:
         everything = range(len(plane.params))
         for i in everything:
             home = plane.current.homes.get(i)
-            plane.exchange.mark_ready(i, home.zero_() if home is not None else torch.zeros_like(plane.params[i]),
-                                      plane.current.index)
+            plane.handover.lend(i, home.zero_() if home is not None else torch.zeros_like(plane.params[i]),
+                                plane.current.index)
         plane.sparse.shadow()  # the training ranks reduce theirs in backward()
         if self.unused is not None:
             # counted as using every parameter, as DDP's joined ranks are: while a rank has

@@ -132,8 +132,9 @@ class Plane:
             self.synchronize()
             self.updates.apply_now(range(len(self.params)), snapshot)
         else:
-            unused = self.intake.globally_unused
-            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None and i not in unused]
+            # every gradient the optimizer would see, as DDP's does: one no rank used in the latest
+            # backward pass is updated with what it held before (an earlier pass's, accumulated)
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
             self.updates.request_step(with_grad, snapshot)
         self.current.life.stepped()
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
@@ -222,7 +223,8 @@ class Plane:
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
         else:  # a gradient no step claimed would have the next backward pass added to it while it is reduced
-            unclaimed = sorted(i for i in self.handover.unsettled if not self.updates.pending(i))
+            unclaimed = [i for i in range(len(self.params)) if (i in self.handover.unsettled
+                         or self.exchange.in_flight(i)) and not self.updates.pending(i)]
             if unclaimed:  # (on NCCL also once resolved: that is, queued)
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self.current.life.forward()
