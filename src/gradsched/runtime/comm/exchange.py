@@ -55,7 +55,6 @@ class Exchange:
         layout: Callable[[Plan], Any] | None = None,
     ) -> None:
         self.board = board = Board(tensors, like, device)
-        self.device = device
         self.tensors = board.tensors
         self.versions = versions  # read and changed under the board's lock
         self.timeout_s = timeout_s
@@ -66,6 +65,11 @@ class Exchange:
         completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()
+
+    @property
+    def device(self) -> Device:
+        """Where the gradients live, and how work on them is ordered (the board's)."""
+        return self.board.device
 
     # -- plans and layouts ------------------------------------------------------------------
     @property

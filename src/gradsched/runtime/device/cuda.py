@@ -164,7 +164,3 @@ class CudaDevice:
     def close(self) -> None:
         pass
 
-
-def is_default(stream: Any) -> bool:
-    """Whether ``stream`` is its device's default stream (the GPU check asserts it is not)."""
-    return stream is not None and stream == torch.cuda.default_stream(stream.device)

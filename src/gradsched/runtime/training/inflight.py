@@ -150,7 +150,7 @@ class Handover:
         value = float(value)
         now = []
         for i in range(len(self.params)):
-            if i in self.unsettled and (self.exchange.in_flight(i) or not self.exchange.ended(i)):
+            if i in self.unsettled and not self.exchange.ended(i):  # (ended: reduced, and the device past it)
                 self.clamps[i] = min(value, self.clamps.get(i, value))  # where it is settled (NCCL: queued)
             else:
                 now.append(i)

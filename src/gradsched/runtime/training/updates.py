@@ -74,7 +74,7 @@ class DeferredUpdates:
 
     def ready_now(self, i: int) -> bool:
         """Gradient ``i`` may be used now without waiting for the device."""
-        return not self.exchange.in_flight(i) and (i not in self.handover.unsettled or self.exchange.ended(i))
+        return self.exchange.ended(i) if i in self.handover.unsettled else not self.exchange.in_flight(i)
 
     def request_zero(self, set_to_none: bool) -> None:
         now = []
