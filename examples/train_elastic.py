@@ -60,7 +60,10 @@ def main() -> None:
     ps = {"architecture": "ps", "servers": args.servers} if args.servers else {}
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = gradsched.wrap(model, optimizer, policy=args.policy, **ps)  # servers serve, then exit
+    model, optimizer = gradsched.wrap(model, optimizer, policy=args.policy, **ps)
+    if optimizer is None:  # a parameter server: it served until the workers closed their optimizers
+        dist.destroy_process_group()
+        return
     rank = dist.get_rank()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
     start = 0

@@ -5,8 +5,8 @@
 
 Each rank draws its own batches; gradsched averages the gradients like DDP and updates each
 layer as soon as its gradients are in, while the next forward pass is already running.
-With --servers, the last ranks are parameter servers: they serve inside gradsched.wrap and
-exit when the workers close their optimizers.
+With --servers, the last ranks are parameter servers: they serve inside gradsched.wrap until
+the workers close their optimizers, and wrap then returns (model, None); the script ends there.
 """
 
 import argparse
@@ -45,7 +45,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     ps = {"architecture": "ps", "servers": args.servers} if args.servers else {}
     model, optimizer = gradsched.wrap(model, optimizer, policy=args.policy, trace=args.trace, **ps)
-    # (a server rank never gets here: it served and exited inside wrap)
+    if optimizer is None:  # a parameter server: it served inside wrap until the workers closed their optimizers
+        dist.destroy_process_group()
+        return
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
 
     generator = torch.Generator(device=device).manual_seed(1 + rank)  # different data per rank

@@ -72,7 +72,7 @@ def _read_right_after_backward(model: nn.Module, x: torch.Tensor, device: torch.
 
 def _streams_row(model: Any, seen: list, device: torch.device) -> dict:
     """The launcher's and the completion's threads, and the hook calls, ran off the default stream."""
-    launcher = coordinator_of(model).plane.exchange.launcher
+    launcher = coordinator_of(model).backend.exchange.launcher
     streams = [launcher.stream, *getattr(launcher.completion, "streams", [])]
     if device.type != "cuda":
         return row("reduction streams of the communication threads", None, "no streams on CPU")

@@ -24,7 +24,7 @@ def part_streams(device: torch.device, quick: bool) -> list[dict]:
     x = torch.randn(32, 256, device=device)
     for _ in range(3):
         one_step(model, optimizer, x)
-    launcher = coordinator_of(model).plane.exchange.launcher
+    launcher = coordinator_of(model).backend.exchange.launcher
     ours = [s for s in [launcher.stream, *getattr(launcher.completion, "streams", [])] if s is not None]
     handles = {s.cuda_stream for s in ours}
     pool = [torch.cuda.Stream(device, priority=p) for p in (0, -1) for _ in range(64)]

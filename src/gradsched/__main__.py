@@ -1,3 +1,5 @@
+"""``python -m gradsched``: the command line (:mod:`gradsched.cli`)."""
+
 import sys
 
 from .cli import main

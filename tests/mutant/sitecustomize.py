@@ -13,9 +13,10 @@ NCCL, where it is done once queued: the equality tests under the emulated NCCL m
 them, and do (tests/distributed/test_nccl_semantics.py).
 
 ``no-reduction``:
-gradsched's all-reduce transport hands each rank's own gradients back as if reduced (no
-division, no collective), and kept buckets are never handed to DDP's reducer: a gradsched that
-trains each rank alone. A test suite that still passes against it guards nothing about
+every architecture's transport (all-reduce, push and pull to parameter servers, the sharded
+reduce-scatter) hands each rank's own gradients back as if reduced (no division, no
+collective), and kept buckets are never handed to DDP's reducer: a gradsched that trains each
+rank alone. A test suite that still passes against it guards nothing about
 reduction; docs/conformance.md says which of PyTorch's DDP tests do, and the project's own
 equality tests must fail on it (tests/test_mutant.py).
 """
@@ -25,7 +26,9 @@ import os
 if os.environ.get("GRADSCHED_MUTANT") == "no-reduction":
     import torch
 
-    from gradsched.runtime.training import coordinator
+    from gradsched.runtime.architectures import allreduce
+    from gradsched.runtime.architectures.servers import pushpull
+    from gradsched.runtime.architectures.sharded import shards
     from gradsched.runtime.comm import transport
 
     def _own(self, buffers):
@@ -39,9 +42,10 @@ if os.environ.get("GRADSCHED_MUTANT") == "no-reduction":
             futures.append(future)
         return futures
 
-    transport.AllReduce.divide = _own
-    transport.AllReduce.send = _returned
-    coordinator.hands_off = lambda config, workers: False
+    for kind in (transport.AllReduce, pushpull.PushPull, shards.ReduceScatter):
+        kind.divide = _own
+        kind.send = _returned
+    allreduce.AllReduce.handed_off = lambda self, config, workers: None
 
 if os.environ.get("GRADSCHED_MUTANT") == "early-resolve":
     from gradsched.runtime.comm import completion

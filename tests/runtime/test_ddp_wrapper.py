@@ -121,7 +121,9 @@ def test_the_policy_comes_from_the_environment_when_not_given(world_of_one, monk
     ({"dim": 1}, GradschedError, "dim=1"),
     ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be > 0"),
     ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
-    ({"exit_server": False}, ValueError, "exit_server=False is for gradsched.wrap"),
+    ({"exit_server": False}, TypeError, "no longer takes 'exit_server': on a parameter-server rank wrap"),
+    ({"architecture": "ps", "servers": 1}, GradschedError, "parameter servers .architecture='ps'. need gradsched.wrap"),
+    ({"architecture": "ring"}, ValueError, "architecture must be 'allreduce', 'ps' or 'sharded', got 'ring'"),
     ({"replan_evry": 3}, TypeError, "^gradsched.DistributedDataParallel\\(\\) got an unknown option 'replan_evry'"),
     ({"timeout": "soon"}, TypeError, "^gradsched.DistributedDataParallel: timeout must be float"),
 ])

@@ -8,7 +8,7 @@ import torch
 
 from gradsched.core import TensorSpec, policy_config
 from gradsched.runtime import GradschedError
-from gradsched.runtime.comm.ps import MAX_PIECES, PIECE_BYTES, buffer_layout, chunks, message_tag, pieces
+from gradsched.runtime.architectures.servers.pushpull import MAX_PIECES, PIECE_BYTES, buffer_layout, chunks, message_tag, pieces
 from gradsched.runtime.comm.topology import roles
 from gradsched.sim import default_ready_times, make_plan
 

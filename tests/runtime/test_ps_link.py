@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gradsched.core.estimator import CompletionTimer, LinkEstimator
-from gradsched.runtime.planning.prediction import push_pull_link
+from gradsched.runtime.architectures.servers import ParameterServers
 from gradsched.sim.network import PushPull
 
 LATENCY, PER_BYTE, OVERHEAD = 2e-4, 8e-9, 1e-4  # one direction: 125 MB/s
@@ -36,7 +36,7 @@ def _estimate(seed: int) -> LinkEstimator:
 @pytest.mark.parametrize("seed", range(3))
 def test_one_direction_of_a_push_pull_link_is_recovered(seed):
     estimator = _estimate(seed)
-    latency, per_byte, overhead = push_pull_link(estimator.latency, estimator.seconds_per_byte, estimator.per_message)
+    latency, per_byte, overhead = ParameterServers(1).link(estimator.latency, estimator.seconds_per_byte, estimator.per_message)
     # within 10%, on the slow side: a larger message's push can leave a gap before its pull
     # (halving it, as the planner once did, plans for twice the bandwidth)
     assert PER_BYTE <= per_byte <= 1.1 * PER_BYTE

@@ -1,4 +1,4 @@
-"""gradsched.runtime.comm.sharded.Shards on its own (no process group): shard coordinates,
+"""gradsched.runtime.architectures.sharded.shards.Shards on its own (no process group): shard coordinates,
 rank-major packing with padding, and with compression the wire bytes the plans see and the
 master shards (what the optimizer steps) against the rounded parameters."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from gradsched.runtime.comm.sharded import Shards
+from gradsched.runtime.architectures.sharded.shards import Shards
 
 
 def shards(rank: int, world: int = 3, compression: str | None = None) -> Shards:

@@ -40,7 +40,7 @@ def train(model, opt) -> None:
 
 
 model, opt = fresh()
-ps = {"architecture": "ps", "servers": args.servers, "exit_server": False} if args.servers else {}
+ps = {"architecture": "ps", "servers": args.servers} if args.servers else {}
 model, opt = gradsched.wrap(model, opt, "bytescheduler", profile_rounds=2, replan_every=0, trial_rounds=3,
                             autotune=True, autotune_trials=6, autotune_seed=7, fallback=False,
                             autotune_space={"partition_bytes": "1KiB:64KiB", "credit_bytes": "4KiB:256KiB"},

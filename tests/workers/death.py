@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import torch
@@ -47,6 +48,8 @@ try:
                                 policy_options={"partition_bytes": 16384, "credit_bytes": 65536},
                                 timeout=float(os.environ.get("TIMEOUT", "30")),
                                 handoff=False, **ps)  # gradsched's own failure handling (DDP's, once handed off)
+    if opt is None:  # a parameter server, done serving (the workers train until one fails: not reached)
+        sys.exit(0)
     while True:
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()

@@ -58,7 +58,7 @@ def main() -> None:
         plain = ddp_run(kind, None)[0] if args.compression else reference
         for policy in args.policies.split(","):
             model, opt = wrapped(policy, kind, rank, args.delays, len(report), architecture="ps",
-                                 servers=args.servers, exit_server=False, fallback=False,
+                                 servers=args.servers, fallback=False,
                                  compression=args.compression)
             if opt is None:  # a server: it served this run until the workers closed
                 continue

@@ -53,7 +53,7 @@ LATE = {"on": False}  # the slow scenario runs
 def slow_head_gathers() -> None:
     """While ``LATE["on"]``, every all-gather that carries the head's weight is issued 0.1 s
     late on every rank, so its parameters land at least that late."""
-    from gradsched.runtime.comm.sharded import Shards
+    from gradsched.runtime.architectures.sharded.shards import Shards
 
     gather = Shards.gather
 

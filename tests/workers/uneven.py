@@ -82,7 +82,10 @@ def main():
         import gradsched
 
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        model, optimizer = gradsched.wrap(model, optimizer, args.policy, **options)  # servers serve and exit here
+        model, optimizer = gradsched.wrap(model, optimizer, args.policy, **options)
+        if optimizer is None:  # a parameter server: it served until the workers closed their optimizers
+            dist.destroy_process_group()
+            finish()
         joinable, no_sync = optimizer, optimizer.no_sync
 
     steps = args.steps + args.extra * rank

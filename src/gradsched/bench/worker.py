@@ -29,7 +29,7 @@ from gradsched.core.policies.fifo import assign_buckets
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.comm.plans import tensor_specs
 from gradsched.runtime.planning.probe import cast_cost, probe_link
-from gradsched.runtime.comm.ps import cut, message_tag
+from gradsched.runtime.architectures.servers.pushpull import cut, message_tag
 
 from .ddp_trace import DdpTracer
 from .host import HostCpu
@@ -189,7 +189,7 @@ class _Rank:
         model, opt = self.fresh()
         base, tune = run.policy, run.autotune_trials
         trace = f"{config.trace_dir}/{run.name}.json" if config.trace_dir else None
-        ps = {"architecture": "ps", "servers": self.servers, "exit_server": False} if self.servers else \
+        ps = {"architecture": "ps", "servers": self.servers} if self.servers else \
             {"architecture": "sharded"} if run.sharded else {}
         model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config.profile_rounds,
                                     compression=config.compression,

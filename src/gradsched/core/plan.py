@@ -31,7 +31,7 @@ from .task import TensorSpec
 
 
 #: Parameter servers sum and answer each worker's chunk of a message in pieces of about this
-#: many bytes (:mod:`gradsched.runtime.comm.ps`): the pull of a large message starts once its
+#: many bytes (:mod:`gradsched.runtime.architectures.servers.pushpull`): the pull of a large message starts once its
 #: first pieces are in, and the simulator's push-then-pull network models that.
 PS_PIECE_BYTES = 1 << 20
 

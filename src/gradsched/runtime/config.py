@@ -60,11 +60,16 @@ def _emulation(value: str | None) -> tuple[float, float] | None:
     return parts[0], parts[1] if len(parts) > 1 else 0.0
 
 
+#: options that existed once, and what to do instead
+REMOVED = {"exit_server": "on a parameter-server rank wrap() serves until the workers are done and returns "
+                          "(model, None); the script decides what its process does next"}
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Every keyword option of ``gradsched.wrap``, with its default; the comment on each
     field is its documentation. Types and ranges are checked on construction, and every
-    rank must pass the same values (``trace`` and ``exit_server`` excepted)."""
+    rank must pass the same values (``trace`` excepted)."""
 
     # -- what is communicated (as DDP's options of the same names) --
     find_unused_parameters: bool = False  # parameters may get no gradient in a backward pass: settled when it ends,
@@ -108,11 +113,10 @@ class RuntimeConfig:
 
     # -- roles (docs/architectures.md, "Parameter servers") --
     architecture: str = "allreduce"  # or "ps": the last `servers` ranks are parameter servers; on a server rank
-    #   wrap() serves until the workers close their optimizers, destroys the process group and exits (status 0);
-    #   or "sharded": every rank owns 1/n of each parameter and of its optimizer state (docs/architectures.md, "Sharded")
+    #   wrap() serves until the workers close their optimizers, then returns (model, None); or "sharded": every
+    #   rank owns 1/n of each parameter and of its optimizer state (docs/architectures.md; checked, and built,
+    #   by gradsched.runtime.architectures.choice)
     servers: int = 0  # parameter servers (architecture="ps" only)
-    exit_server: bool = True  # False: a server rank returns (model, None) once the workers are done instead of
-    #   ending the process (to serve several wraps in turn)
 
     # -- failures and diagnostics --
     timeout: float = 300.0  # seconds after which a stuck or dead rank makes the others fail
@@ -129,10 +133,6 @@ class RuntimeConfig:
             (self.autotune_trials >= 2, "autotune_trials must be >= 2 (the starting options and a candidate), "
                                         f"got {self.autotune_trials}"),
             (self.fallback_gain < 1.0, f"fallback_gain must be < 1, got {self.fallback_gain}"),
-            (self.architecture in ("allreduce", "ps", "sharded"),
-             f"architecture must be 'allreduce', 'ps' or 'sharded', got {self.architecture!r}"),
-            (self.architecture != "ps" or self.servers >= 1, f"architecture='ps' needs servers >= 1, got {self.servers}"),
-            (self.architecture == "ps" or not self.servers, "servers only apply to architecture='ps'"),
             (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
             (self.compression in (None, "bf16", "fp16"),
@@ -142,12 +142,6 @@ class RuntimeConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-
-    @property
-    def plan_architecture(self) -> str:
-        """What plans model the link as: a sharded message is one collective over the data group,
-        its time measured as an all-reduce's is (the link estimate learns its bytes' speed)."""
-        return "ps" if self.architecture == "ps" else "allreduce"
 
     def _check_types(self) -> None:
         accepted = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
@@ -166,6 +160,8 @@ class RuntimeConfig:
         """The configuration from ``wrap``'s keyword arguments; unknown names raise."""
         known = [f.name for f in dataclasses.fields(cls)]
         for name in options:
+            if name in REMOVED:
+                raise TypeError(f"{entry()}() no longer takes {name!r}: {REMOVED[name]}")
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else f"; options: {', '.join(known)}"
@@ -173,9 +169,7 @@ class RuntimeConfig:
         return cls(**options)
 
     def fingerprint(self) -> dict:
-        """What must be equal on every rank (where the trace goes and what a server does
-        at the end may differ)."""
+        """What must be equal on every rank (where the trace goes may differ)."""
         data = dataclasses.asdict(self)
         data.pop("trace")
-        data.pop("exit_server")
         return data

@@ -73,7 +73,7 @@ def move_inputs(args: tuple, kwargs: dict, device: torch.device, side_stream: bo
 def ddp_pre_forward(ddp: DistributedDataParallel, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """What DDP's ``forward`` does before the module's (prepare the reducer, sync buffers, join),
     run from a forward pre-hook of the user's module, as ``torch.distributed._composable.replicate``
-    runs it: after a hand-off the user's module keeps its class (gradsched.runtime.training.handoff)."""
+    runs it: after a hand-off the user's module keeps its class (gradsched.runtime.architectures.reducer)."""
     DistributedDataParallel._active_ddp_module = ddp
     return ddp._pre_forward(*args, **kwargs)
 

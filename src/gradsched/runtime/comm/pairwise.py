@@ -1,4 +1,4 @@
-"""Sharding's two phases on gloo as point-to-point operations (:mod:`gradsched.runtime.comm.sharded`).
+"""Sharding's two phases on gloo as point-to-point operations (:mod:`gradsched.runtime.architectures.sharded.shards`).
 
 gloo's own ``reduce_scatter_single`` and ``all_gather_single`` are slower than its
 all-reduce of the same buffer, so there each rank sends every other rank its part and

@@ -1,8 +1,8 @@
 """Roles and process groups of a wrapped model.
 
-With all-reduce every rank is a worker. With parameter servers (``architecture="ps"``) a
-job of ``W + S`` processes has workers on ranks ``0 .. W-1`` and servers on the last ``S``
-ranks (see :mod:`gradsched.runtime.comm.ps`).
+With all-reduce (and sharded) every rank is a worker. With parameter servers a job of ``W + S``
+processes has workers on ranks ``0 .. W-1`` and servers on the last ``S`` ranks (see
+:mod:`gradsched.runtime.architectures.servers`).
 
 gradsched communicates on process groups of its own, created by every rank in the same
 order, so that nothing it sends can be confused with the user's collectives:
@@ -93,16 +93,16 @@ class Topology:
     groups: Groups | None = field(repr=False)  # None once released
 
     @classmethod
-    def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None) -> Topology:
-        """Every rank's roles and gradsched's groups among the ranks of ``group`` (the default
-        group if None): a collective, every rank of ``group`` must call it. Ranks here are
-        ``group``'s, as are those of every gradsched group made from it."""
+    def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None, servers: int = 0) -> Topology:
+        """Every rank's roles (the last ``servers`` ranks serve) and gradsched's groups among the
+        ranks of ``group`` (the default group if None): a collective, every rank of ``group`` must
+        call it. Ranks here are ``group``'s, as are those of every gradsched group made from it."""
         group = group if group is not None else dist.group.WORLD
         if group is dist.GroupMember.NON_GROUP_MEMBER or dist.get_rank(group) < 0:
             raise GradschedError(f"{entry()}: this rank is not a member of the process_group it was given")
         members = dist.get_process_group_ranks(group)  # the global rank of each rank of the group
         rank, world = dist.get_rank(group), len(members)
-        workers, servers = roles(world, config.servers if config.architecture == "ps" else 0)
+        workers, servers = roles(world, servers)
         wait = timedelta(seconds=config.timeout)
         everywhere = world == dist.get_world_size()  # the whole job: every rank creates every group
 

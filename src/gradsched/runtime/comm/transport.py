@@ -16,8 +16,8 @@ divide by the workers; parameter servers: nothing, the servers divide), and
 (:class:`gradsched.runtime.comm.compression.Compressed`) wraps any transport between the two.
 
 :class:`AllReduce` is the default. Parameter servers have their own
-(:class:`gradsched.runtime.comm.ps.PushPull`); the round headers servers need live in it.
-Which one a rank uses is chosen in one place, :func:`gradsched.runtime.comm.transports.make_transport`.
+(:class:`gradsched.runtime.architectures.servers.pushpull.PushPull`); the round headers servers need
+live in it. Which one a rank uses its architecture says (``Architecture.transport``).
 
 Every transport's sends go through the device (:class:`Issued`, the innermost wrapper): on the
 host and on CUDA that issues them at once; with NCCL's semantics emulated on CPU

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradsched.files import problem_writing
+from gradsched.runtime.architectures.base import Architecture
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
@@ -69,16 +70,15 @@ def ignored(model: nn.Module) -> set[str]:
     return ddp_ignored(model)
 
 
-def check_comm_hook(comm_hook: Any, config: RuntimeConfig) -> None:
+def check_comm_hook(comm_hook: Any, config: RuntimeConfig, architecture: Architecture) -> None:
     """A DDP communication hook: ``(state, hook)``, on all-reduce, without gradsched's compression."""
     if comm_hook is None:
         return
     if not (isinstance(comm_hook, tuple) and len(comm_hook) == 2 and callable(comm_hook[1])):
         raise TypeError(f"{entry()}: comm_hook must be (state, hook) with a callable hook(state, bucket)")
-    if config.architecture != "allreduce":
+    if architecture.comm_hook_refusal is not None:
         raise GradschedError(f"{entry()}: a communication hook runs on all-reduce messages; with "
-                             f"architecture={config.architecture!r} "
-                             + ("the servers reduce" if config.architecture == "ps" else "messages are reduce-scattered"))
+                             f"{architecture!r} {architecture.comm_hook_refusal}")
     if config.compression is not None:
         raise GradschedError(f"{entry()}: compression={config.compression!r} and a communication hook both decide "
                              "what travels: use one (PyTorch's bf16_compress_hook/fp16_compress_hook are "
@@ -101,32 +101,14 @@ def trainable(model: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
     return names, params
 
 
-def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None:
-    """Raise for trainable parameters gradsched cannot communicate."""
+def check_parameters(params: Sequence[nn.Parameter], config: RuntimeConfig, architecture: Architecture) -> None:
+    """Raise for trainable parameters gradsched cannot communicate, and for what the
+    architecture refuses (said at the wrap rather than found later)."""
     if not params:
         raise GradschedError(f"{entry()}: the model has no trainable parameters")
-    if config.architecture == "ps" and any(p.device.type != "cpu" for p in params):
-        raise GradschedError(f"{entry()}: architecture='ps' moves CPU tensors over gloo for now; "
-                             "use architecture='allreduce' for CUDA parameters")
-    if config.architecture == "sharded":
-        check_sharded(params, config)
-    if config.architecture == "ps" and "nccl" in str(dist.get_backend()):
-        raise GradschedError(f"{entry()}: architecture='ps' needs the gloo backend: NCCL matches point-to-point "
-                             "operations by their order, and a server receives from every worker before it answers "
-                             "(init_process_group('gloo'), or architecture='allreduce' on NCCL)")
-
-
-def check_sharded(params: Sequence[nn.Parameter], config: RuntimeConfig) -> None:
-    """What architecture='sharded' does not do yet, said at the wrap rather than found later."""
-    refused = [
-        (any(p.device.type != "cpu" for p in params), "CUDA parameters (it runs on CPU tensors for now)"),
-        (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
-        (config.find_unused_parameters, "find_unused_parameters=True"),
-    ]
-    for failed, what in refused:
-        if failed:
-            raise GradschedError(f"{entry()}: architecture='sharded' does not support {what} yet; "
-                                 "use architecture='allreduce'")
+    refused = architecture.refusals(params, config, str(dist.get_backend()))
+    if refused:
+        raise GradschedError(f"{entry()}: {refused[0]}")
 
 
 def stray_parameters(model: nn.Module, optimizer: torch.optim.Optimizer, names: Sequence[str],

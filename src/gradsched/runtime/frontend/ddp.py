@@ -115,13 +115,14 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
             sync_buffers, init_sync_buffers = buffer_sync(broadcast_buffers, forward_sync_buffers)
             options = dict(options, find_unused_parameters=find_unused_parameters, broadcast_buffers=sync_buffers,
                            broadcast_parameters=init_sync)
+            if options.get("servers"):
+                raise GradschedError(f"{_WHERE}: parameter servers (architecture='ps') need gradsched.wrap: on a "
+                                     "server rank it serves and returns (model, None), which a module's constructor "
+                                     "cannot")
             if bucket_cap_mb is not None:
                 options["bucket_cap_mb"] = float(bucket_cap_mb)
                 if is_buckets(policy):  # its buckets are DDP's: bucket_cap_mb caps them
                     policy_options = {"bucket_cap_bytes": int(bucket_cap_mb * (1 << 20)), **(policy_options or {})}
-            if options.get("exit_server") is False:
-                raise ValueError(f"{_WHERE}: exit_server=False is for gradsched.wrap; here a parameter server "
-                                 "ends its process once the workers are done")
         self.module = module
         self._arguments = (policy, policy_options, options)  # what a pickled copy attaches with
         set_ddp_attributes(self, module, device_ids, dim, process_group, device_mesh, find_unused_parameters,
@@ -132,10 +133,9 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
     def _attach(self, sync_buffers: bool) -> None:
         policy, policy_options, options = self._arguments
         with entered_through(_WHERE):
-            # on a parameter server rank (architecture="ps"), start() serves and ends the process
             group = None if self.process_group is dist.group.WORLD else self.process_group
             coordinator = start(self.module, None, policy, policy_options, options, group, self._comm_hook)
-        if coordinator is None:  # pragma: no cover - exit_server=False was refused above
+        if coordinator is None:  # pragma: no cover - parameter servers were refused above
             raise GradschedError(f"{_WHERE}: a parameter server returned")
         self._binder = Binder(coordinator)
         if sync_buffers and coordinator.world_size > 1:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradsched.runtime.errors import GradschedError
-from gradsched.runtime.training.handoff import DDP_NAMES_FORWARD_SYNC
+from gradsched.runtime.architectures.reducer import DDP_NAMES_FORWARD_SYNC
 
 _WHERE = "gradsched.DistributedDataParallel"
 

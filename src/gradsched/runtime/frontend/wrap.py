@@ -12,7 +12,6 @@ Run under ``torchrun`` after ``torch.distributed.init_process_group`` (gloo or N
 from __future__ import annotations
 
 import atexit
-import sys
 import weakref
 from typing import Any, Callable
 
@@ -25,13 +24,13 @@ from gradsched.runtime.frontend.checks import (check_across_ranks, check_argumen
                      check_parameters, ignored, stray_parameters, trainable, warn_stray)
 from gradsched.runtime.comm.comm_hook import hook_state
 from gradsched.runtime.training.sparse import sparse_parameters
-from gradsched.runtime.comm.compression import check_backend, check_compressible, wire_dtype
+from gradsched.runtime.comm.compression import check_backend, check_compressible
+from gradsched.runtime.architectures.choice import choose
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.training.coordinator import Coordinator
 from gradsched.runtime.errors import GradschedError, entry, failing_rank
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
 from gradsched.runtime.diagnostics.peer_status import stop_all
-from gradsched.runtime.comm.server import Server
 from gradsched.runtime.comm.topology import Topology, destroy_created
 
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weakref to its coordinator
@@ -80,16 +79,15 @@ def wrap(
             ``broadcast_parameters``, ``profile_rounds``, ``replan_every``, ``fallback``,
             ``fallback_gain``, ``bucket_cap_mb``, ``trial_rounds``, ``autotune``, ``autotune_trials``,
             ``autotune_seed``, ``autotune_space``, ``architecture``, ``servers``,
-            ``exit_server``, ``timeout``, ``trace``.
+            ``timeout``, ``trace``.
 
     With ``architecture="ps"``, on a server rank this call serves until the workers close
-    their optimizers, then destroys the process group and exits the process (status 0), so
-    the training loop after it runs on workers only (``exit_server=False`` returns
-    ``(model, None)`` instead).
+    their optimizers and then returns ``(model, None)``: the script decides what the process
+    does next (``if optimizer is None: return``, say), as it never trains there.
     """
     check_optimizer(optimizer)
     coordinator = start(model, optimizer, policy, policy_options, options, process_group, comm_hook)
-    if coordinator is None:  # a parameter server, done serving (exit_server=False)
+    if coordinator is None:  # a parameter server, done serving
         return model, None
     return model, ScheduledOptimizer(optimizer, coordinator)
 
@@ -100,7 +98,7 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
           comm_hook: tuple[Any, Callable] | None = None) -> Coordinator | None:
     """Check everything, agree with the other ranks and attach a coordinator to ``model``
     (applying ``optimizer``, or, if None, the one bound later). On a parameter server:
-    serve, then exit (or return None with ``exit_server=False``).
+    serve until the workers are done, then return None.
 
     A model wrapped before is taken over, as DDP lets a module be wrapped again: the earlier
     coordinator finishes its communication and detaches (what it returned then raises if used)."""
@@ -109,14 +107,17 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
         raise ValueError(f"unknown policy {policy!r}; choose from: {', '.join(POLICIES)}")
     scheduling = policy_config(policy, **(policy_options or {}))
     config = RuntimeConfig.from_options(options)
+    architecture = choose(config)
     check_options(policy, config)
-    check_comm_hook(comm_hook, config)
+    check_comm_hook(comm_hook, config, architecture)
+    if optimizer is not None:
+        architecture.check_optimizer(optimizer)
     names, params = trainable(model)
-    check_parameters(params, config)
+    check_parameters(params, config, architecture)
     check_compressible(config.compression, names, params)
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     _take_over(model)
-    topology = Topology.create(config, process_group)
+    topology = Topology.create(config, process_group, servers=architecture.servers)
     with failing_rank(f"{entry()}: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere
@@ -127,13 +128,14 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
             for p in params + sparse[1]:
                 dist.broadcast(p.data, group_src=0, group=topology.data)
     if topology.is_server:
-        _serve(model, names, params, config, topology)
+        architecture.serve(model, names, params, config, topology)
         return None
     if topology.rank == 0:
         warn_stray(stray)
     if comm_hook is not None:
         comm_hook = (hook_state(comm_hook[0], topology.data, process_group), comm_hook[1])
-    coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology, sparse, comm_hook)
+    coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology, architecture, sparse,
+                              comm_hook)
     _ATTACHED[model] = weakref.ref(coordinator)
     _OPEN.add(coordinator)
     return coordinator
@@ -151,16 +153,3 @@ def _take_over(model: nn.Module) -> None:
         previous.close()
     except GradschedError:  # its last round can never complete (a parameter got no gradient): dropped
         previous.close(wait=False)
-
-
-def _serve(model: nn.Module, names: list[str], params: list[nn.Parameter], config: RuntimeConfig,
-           topology: Topology) -> None:
-    """A parameter server's whole life: serve, then leave (or return, with exit_server=False)."""
-    wire = wire_dtype(config.compression)  # what the workers push (every rank checked equal)
-    dtype_of = {n: wire or p.dtype for n, p in zip(names, params)}
-    Server(topology, dtype_of, config.timeout).run()
-    topology.release()
-    if not config.exit_server:
-        return
-    dist.destroy_process_group()
-    sys.exit(0)

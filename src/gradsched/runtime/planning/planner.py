@@ -40,6 +40,7 @@ from gradsched.sim import default_ready_times, make_plan
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.files import problem_writing
 from gradsched.runtime.errors import GradschedError, failing_rank
+from gradsched.runtime.architectures.base import Architecture
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.planning.probe import probe_link
 from gradsched.runtime.planning.clock import Clock
@@ -59,7 +60,7 @@ def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str)
 
 class Planner:
     def __init__(self, tensors: Sequence[TensorSpec], params: Sequence[torch.Tensor], policy: PolicyConfig,
-                 config: RuntimeConfig, owners: dict[str, list[str]], exchange: Exchange,
+                 config: RuntimeConfig, architecture: Architecture, owners: dict[str, list[str]], exchange: Exchange,
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
                  settle: Callable[[], None] | None = None,
@@ -70,6 +71,7 @@ class Planner:
         self.device = params[0].device
         self.policy = policy
         self.config = config
+        self.architecture = architecture
         self.owners = owners  # module -> the parameters its forward waits for
         self.exchange = exchange
         self.group = group  # gloo, every worker: plans
@@ -79,7 +81,8 @@ class Planner:
         self.settle = settle  # waits until no gradient is in flight
         self.on_buckets_kept = on_buckets_kept  # told on every rank when the measured trial keeps the buckets
         self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
-        self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, world_size, exchange)
+        self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, architecture,
+                                        world_size, exchange)
         compare = world_size > 1 and not policy.is_buckets
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
                  if compare else ())
@@ -144,7 +147,7 @@ class Planner:
         if point.stage in (Stage.ARM, Stage.DECIDE):
             self.clock.fence()  # what the arm before queued on the device runs before the next is timed
         first_arm = point == ControlPoint(Stage.ARM, 0)
-        if first_arm and self.config.fallback and self.link is None and self.config.architecture == "allreduce":
+        if first_arm and self.config.fallback and self.link is None and self.architecture.predicts_trial:
             if self.settle:
                 self.settle()
             with failing_rank("measuring the link", self.exchange.explain):
@@ -241,8 +244,8 @@ class Planner:
             policy, plan = self.chosen, decision and decision.plan
         else:
             policy, plan = self.chosen, None
-        plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.config.plan_architecture,
-                                 servers=max(1, self.config.servers))
+        plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.architecture.link_model,
+                                 servers=max(1, self.architecture.servers))
         if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))

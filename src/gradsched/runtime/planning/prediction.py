@@ -12,6 +12,7 @@ from gradsched.core.policies import FifoConfig
 from gradsched.core.task import TensorSpec
 from gradsched.models.table import ModelTable
 from gradsched.runtime.comm.compression import wire_dtype
+from gradsched.runtime.architectures.base import Architecture
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.diagnostics.stats import Prediction
@@ -21,12 +22,13 @@ from gradsched.sim.predict import predict, ring_cluster
 
 class TrialPredictor:
     def __init__(self, tensors: Sequence[TensorSpec], sizes: Mapping[str, tuple[int, int]],
-                 owners: Mapping[str, list[str]], policy: PolicyConfig, config: RuntimeConfig, world_size: int,
-                 exchange: Exchange) -> None:
+                 owners: Mapping[str, list[str]], policy: PolicyConfig, config: RuntimeConfig,
+                 architecture: Architecture, world_size: int, exchange: Exchange) -> None:
         """``sizes``: tensor -> (elements, bytes each) of the parameter; ``owners``: module ->
         the parameters its forward waits for (kept up to date by the planner)."""
         self.tensors, self.sizes, self.owners = tensors, sizes, owners
         self.policy, self.config, self.world_size, self.exchange = policy, config, world_size, exchange
+        self.architecture = architecture
 
     def buckets(self) -> FifoConfig:
         """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``: the very buckets
@@ -36,7 +38,7 @@ class TrialPredictor:
 
     def prediction(self, timings: list[RoundTiming], link: tuple, probed: MeasuredLink | None) -> Prediction | None:
         """The simulator's view of the measured trial, on the probed link (or the estimate)."""
-        if not (self.config.fallback and self.config.architecture == "allreduce" and link and timings):
+        if not (self.config.fallback and self.architecture.predicts_trial and link and timings):
             return None
         # probed: with compression, in the wire dtype, and the casts' cost
         return self._predict(timings, probed is not None, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s,
@@ -48,9 +50,7 @@ class TrialPredictor:
         est = self.exchange.estimator
         if not (est.ready and est.seconds_per_byte > 0):
             return ()
-        if self.config.architecture == "ps":
-            return push_pull_link(est.latency, est.seconds_per_byte, est.per_message)
-        return est.latency, est.seconds_per_byte, est.per_message
+        return self.architecture.link(est.latency, est.seconds_per_byte, est.per_message)
 
     def _predict(self, timings: list[RoundTiming], probed: bool, latency: float, per_byte: float,
                  overhead: float, cast: float = 0.0) -> Prediction | None:
@@ -80,12 +80,3 @@ class TrialPredictor:
                        cast: float) -> tuple[float, float]:
         cluster = ring_cluster(self.world_size, per_byte, latency, overhead, cast_s_per_byte=cast)
         return predict(table, cluster, self.policy), predict(table, cluster, self.buckets())
-
-
-def push_pull_link(latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:
-    """One direction of a parameter-server link, from the estimate of messages timed from
-    push to pull. Queued messages finish one direction's time apart (the pushes of later
-    messages overlap the pulls of earlier ones), so the queued fit's cost per byte and per
-    message are already one direction's; a lone message's fixed time holds two latencies
-    and two per-message costs (its push, then its pull)."""
-    return max(0.0, latency / 2 - per_message), seconds_per_byte, per_message

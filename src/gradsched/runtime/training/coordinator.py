@@ -1,23 +1,27 @@
 """The coordinator: what the objects a user holds call on the training thread of one rank.
 
 It owns the rank's pieces that outlive any one way of reducing (the options, the process
-groups, no_sync()'s switches, the ranks' progress, what scheduling bought) and one
-*reduction backend* at a time, behind one interface, so that no caller asks which is
-active:
+groups, no_sync()'s switches, the rounds, the ranks' progress, what scheduling bought) and
+the *architecture* (:mod:`gradsched.runtime.architectures`), chosen once by the frontend. The
+architecture opens the one *backend* that reduces, behind one interface, so that no caller
+asks which is active:
 
 * gradsched's own plane (:class:`~gradsched.runtime.training.plane.Plane`): the round on
-  gradsched's data plane, its hooks, plans and control points;
-* DDP's reducer (:class:`~gradsched.runtime.training.handoff.ReducerBackend`), from the step
-  after the measured trial kept DDP-style buckets (the hand-off).
+  gradsched's data plane, its hooks, plans and control points, for all-reduce, parameter
+  servers and sharded;
+* DDP's reducer (:mod:`gradsched.runtime.architectures.reducer`), from the step after the
+  measured trial kept DDP-style buckets: the hand-off swaps the architecture, and with it the
+  backend (the plane's threads stop; what it measured stays readable).
 
-A *round* is one backward pass that communicates. Plans change only at control points,
-fixed rounds at which every rank takes part in one broadcast from rank 0.
+A *round* is one backward pass that communicates, counted once for the run
+(:class:`~gradsched.runtime.training.lifecycle.RoundLife`) whichever backend reduces it. Plans
+change only at control points, fixed rounds at which every rank takes part in one broadcast
+from rank 0.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,12 +38,10 @@ from gradsched.runtime.diagnostics.stats import RunStats
 from gradsched.runtime.diagnostics.tracing import RunTrace
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.planning.clock import Clock
-from gradsched.runtime.training.sharding import check_elementwise
-from gradsched.runtime.training.handoff import ReducerBackend, hands_off, take_over
+from gradsched.runtime.architectures.base import Architecture, Backend
 from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.join import Iteration
 from gradsched.runtime.training.lifecycle import RoundLife
-from gradsched.runtime.training.plane import Plane
 from gradsched.runtime.training.syncing import SyncSwitches
 from gradsched.runtime.training.updates import clear_grad
 
@@ -54,20 +56,22 @@ class Coordinator:
         policy: PolicyConfig,
         config: RuntimeConfig,
         topology: Topology,
+        architecture: Architecture,
         sparse: tuple[Sequence[str], Sequence[nn.Parameter]] = ((), ()),
         comm_hook: tuple[Any, Callable] | None = None,
     ) -> None:
-        if optimizer is not None and config.architecture == "sharded":
-            check_elementwise(optimizer)
+        self.architecture = architecture  # checked the optimizer (gradsched.runtime.frontend.wrap.start)
         self.model, self.optimizer, self.policy, self.config, self.topology = model, optimizer, policy, config, topology
         self.names, self.params = list(names), list(params)
         self.rank, self.world_size = topology.rank, topology.num_workers
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.comm_hook = comm_hook  # (state, hook): DDP's communication hook on every message
+        self.sparse = sparse  # (names, parameters) with sparse gradients: reduced outside the plans
         self.trace = RunTrace(self.rank) if config.trace else None
         self.clock = Clock(next((p.device for p in self.params if p.is_cuda), None))
         self.sync = SyncSwitches()  # no_sync() and DDP's require_*_sync (gradsched.runtime.training.syncing)
         self.life = RoundLife()  # the rounds, whichever backend reduces them: one counter for the run
+        self.life.active_at = time.monotonic()
         self.exposure = Exposure()  # what scheduling bought (gradsched.runtime.diagnostics.exposure)
         self.entry = entry()  # what the user called, for errors raised later
         self.on_close: list[Callable[[], None]] = []
@@ -75,13 +79,11 @@ class Coordinator:
         self._closed = False
         self.handed_off_round: int | None = None
         self._hand_off = False  # the trial kept the buckets: hand them over at the next step()
-        me = weakref.ref(self)  # what the plane and its threads keep of this: no cycle to outlive close()
-        self.plane = Plane(self, sparse, comm_hook, lambda: me().explain() if me() is not None else "")
-        self.backend: Plane | ReducerBackend = self.plane  # the one reducing now
+        self.backend: Backend = architecture.open(self)  # the one reducing now
         self._handles: list[Any] = []
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
             self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.control)
-            self.plane.attach()
+            self.backend.attach()
             self._handles = [self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())),
                              self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize()))]
         except BaseException:
@@ -106,19 +108,19 @@ class Coordinator:
 
     @property
     def updates(self) -> Any:
-        return self.plane.updates
+        return self.backend.updates
 
     @property
     def planner(self) -> Any:
-        return self.plane.planner
+        return self.backend.planner
 
     @property
     def tensors(self) -> Any:
-        return self.plane.tensors
+        return self.backend.tensors
 
     @property
     def waits(self) -> Any:
-        return self.plane.waits
+        return self.backend.waits
 
     # -- what join needs (gradsched.runtime.training.join.Joining) -----------------------------
     @property
@@ -126,7 +128,7 @@ class Coordinator:
         return self.topology.control
 
     def control_point(self, round_index: int) -> None:
-        self.plane.planner.control_point(round_index)
+        self.backend.planner.control_point(round_index)
 
     def explain(self) -> str:
         return self.peers.explain()
@@ -137,7 +139,7 @@ class Coordinator:
 
     def shadow(self, iteration: Iteration) -> None:
         """On a rank that has joined: one iteration of the ranks still training, with zeros."""
-        self.plane.shadow(iteration)
+        self.backend.shadow(iteration)
 
     # -- the optimizer's and the model's entry points ------------------------------------------
     def check_in_use(self, what: str) -> None:
@@ -154,27 +156,29 @@ class Coordinator:
 
     def step_unscheduled(self) -> None:
         """Step the optimizer's parameters outside the plans (:meth:`DeferredUpdates.step_others`)."""
-        self.plane.updates.step_others(self.index)
+        self.backend.updates.step_others(self.index)
 
     def buckets_kept(self) -> None:  # every rank, one control point; inside join() no rank steps at one point
-        self._hand_off = hands_off(self.config, self.world_size) and not self.plane.uneven.enabled
+        self._hand_off = (not self.backend.uneven.enabled and
+                          self.architecture.handed_off(self.config, self.world_size) is not None)
 
     def _hand_off_buckets(self) -> None:
-        """DDP's C++ reducer reduces from the next backward pass on (:mod:`gradsched.runtime.training.handoff`)."""
+        """The architecture the buckets go to (DDP's C++ reducer: :mod:`gradsched.runtime.architectures.reducer`)
+        reduces from the next backward pass on; gradsched's plane stops."""
         self._hand_off = False
         self.synchronize()
-        self.backend = take_over(self)
+        self.architecture = self.architecture.handed_off(self.config, self.world_size)
+        self.backend = self.architecture.open(self)
         self.handed_off_round = self.round + 1
 
     def bind(self, optimizer: torch.optim.Optimizer) -> None:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
-        if self.config.architecture == "sharded":
-            check_elementwise(optimizer)
-        self.optimizer = self.plane.updates.optimizer = optimizer
+        self.architecture.check_optimizer(optimizer)
+        self.optimizer = self.backend.updates.optimizer = optimizer
 
     def zero_grad(self, set_to_none: bool) -> None:
         self.check_in_use("zero_grad()")
-        self.plane.updates.request_zero(set_to_none)
+        self.backend.updates.request_zero(set_to_none)
         # parameters the optimizer knows but gradsched does not communicate (frozen ones)
         for group in self.optimizer.param_groups if self.optimizer is not None else []:
             for p in group["params"]:
@@ -185,21 +189,18 @@ class Coordinator:
                        foreach: bool | None) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
         self._require_gradients("clip_grad_norm_")
-        return self.plane.clipping.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
+        return self.backend.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
 
     def clip_grad_value(self, clip_value: float) -> None:
         """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
         self._require_gradients("clip_grad_value_")
-        self.plane.clipping.clip_value(clip_value)
+        self.backend.clip_value(clip_value)
 
     def full_optimizer_state_dict(self) -> dict:
         """The optimizer's state as the same optimizer holds it without sharding (a collective
         under architecture='sharded'; the optimizer's own ``state_dict()`` otherwise)."""
-        sharded = getattr(self.plane, "sharded", None)
-        if sharded is None:
-            self.synchronize()
-            return self.optimizer.state_dict()
-        return sharded.full_state_dict()
+        self.synchronize()
+        return self.backend.full_state_dict()
 
     def _require_gradients(self, what: str) -> None:
         if self.round == 0:
@@ -231,10 +232,10 @@ class Coordinator:
 
     # -- reporting and teardown ------------------------------------------------------------
     def export_profile(self, path: str, name: str) -> str:
-        return self.plane.planner.export_profile(path, name)
+        return self.backend.planner.export_profile(path, name)
 
     def stats(self) -> RunStats:
-        exchange, planner = self.plane.exchange, self.plane.planner
+        exchange, planner = self.backend.exchange, self.backend.planner
         plan = exchange.plan_for(self.round + 1)
         est = exchange.estimator
         exposure = self.exposure.summary() or (None, None, None)
@@ -245,53 +246,49 @@ class Coordinator:
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker: under way on
         return, waited for by the forward passes that read them (gradsched.runtime.training.buffer_sync)."""
-        self.plane.buffer_sync.start(source)
+        self.backend.broadcast_buffers(source)
 
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
-        self.plane.buffer_sync.wait()
+        self.synchronize()
         broadcast_model(self.model, self.config.broadcast_buffers, source, self.topology.buffers, self.explain)
 
     def _status(self) -> Status:
         """This rank's progress, for a rank whose communication failed (gradsched.runtime.diagnostics.peer_status)."""
         state = "closed" if self._closed else "joined" if self.backend.joined else "training"
-        began = self.plane.current.life.in_forward and state == "training"  # a forward pass
-        return Status(self.round + int(began), state, time.monotonic() - self.plane.active_at)
+        began = self.life.in_forward and state == "training"  # a forward pass
+        return Status(self.round + int(began), state, time.monotonic() - self.life.active_at)
 
     def idle(self) -> bool:
         """Nothing failed and no gradient handed over is still being communicated."""
-        return self.plane.idle()
+        return self.backend.idle()
 
     def _abandon(self) -> None:
         """Undo a construction that failed half-way: the hooks attached, the threads started."""
         self._closed = True
-        self.plane.closed = True
-        self.plane.detach()
         for handle in self._handles:
             handle.remove()
         if hasattr(self, "peers"):
             self.peers.stop()
-        self.plane.exchange.close(wait=False)
+        self.backend.close(wait=False)
+        self.backend.stop(wait=False)
 
     def close(self, wait: bool = True) -> None:
         """Detach and stop; with ``wait``, first finish the communication in flight."""
         if self._closed:
             return
         try:
-            self.plane.close(wait)
+            self.backend.close(wait)
         finally:
             self._closed = True
-            if self.backend is not self.plane:
-                self.backend.close(wait)
-                self.backend = self.plane  # let go of DDP (and through it of the model)
-            self.plane.active_at = time.monotonic()
+            self.life.active_at = time.monotonic()
             self.peers.close(self._status())
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
             for release in self.on_close:  # what the objects users hold let go of (DistributedDataParallel's)
                 release()
-            self.plane.stop(wait)  # every object lets go of the groups it used
+            self.backend.stop(wait)  # every object lets go of the groups it used (DDP, and through it the model)
             self.topology.release()
             if self.trace:
                 self.trace.save(self.config.trace)

@@ -61,6 +61,7 @@ class Joining(Protocol):
     rank: int
     world_size: int  # the workers
     config: Any  # the RuntimeConfig
+    architecture: Any  # what it refuses (join_refusal: gradsched.runtime.architectures.base)
 
     @property
     def control_group(self) -> Any:
@@ -105,10 +106,10 @@ class UnevenInputs(Joinable):
         if unknown:
             raise TypeError(f"gradsched join: unexpected keyword arguments {unknown}; "
                             "the one option is divide_by_initial_world_size")
-        if self.coordinator.config.architecture == "sharded":
-            raise GradschedError("gradsched join: architecture='sharded' does not support uneven inputs yet (a "
-                                 "joined rank would have to update its shards and serve the all-gathers); use "
-                                 "architecture='allreduce', or give every rank the same number of batches")
+        architecture = self.coordinator.architecture
+        if architecture.join_refusal is not None:
+            raise GradschedError(f"gradsched join: {architecture!r} does not support uneven inputs yet ("
+                                 f"{architecture.join_refusal})")
         self.divide_by_initial_world_size = bool(kwargs.get("divide_by_initial_world_size", True))
         self.joined = False
         self.announced = None

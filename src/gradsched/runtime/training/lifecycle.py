@@ -38,6 +38,8 @@ class RoundLife:
         self._forward_ran = False  # a forward pass ran since the latest round closed (orphans to look for)
         self._next_opens = True  # the next gradient opens a new round
         self.trace = trace
+        self.active_at = 0.0  # when the latest forward pass began (or the wrap), on the caller's monotonic
+        #   clock: the rank's progress, for peers asking after a failure
 
     def _say(self, event: str) -> None:
         if self.trace is not None:

@@ -9,21 +9,28 @@ data plane (:mod:`gradsched.runtime.comm`).
   and runs the control point of a round no ``step()`` followed;
 * ``step()`` closes the round and updates each parameter once its reduction is complete.
 
-The round's life is :class:`~gradsched.runtime.training.lifecycle.RoundLife`; the coordinator
-holds this backend until the hand-off to DDP's reducer (:mod:`gradsched.runtime.training.handoff`),
-and the same interface then. Every wait for a reduced gradient goes through the handover
+What differs between all-reduce, parameter servers and sharded (what travels, how, and what
+``step()``, a module's forward pass and clipping do with the result) is the architecture's
+(:class:`~gradsched.runtime.architectures.base.Architecture`, its
+:class:`~gradsched.runtime.architectures.base.Stepping`); this module asks none of them which
+it is. The round's life is :class:`~gradsched.runtime.training.lifecycle.RoundLife`, the
+coordinator's; the coordinator holds this backend until the hand-off to DDP's reducer
+(:mod:`gradsched.runtime.architectures.reducer`), which retires it (:meth:`Plane.retire`). Every
+wait for a reduced gradient goes through the handover
 (:meth:`gradsched.runtime.training.inflight.Handover.wait`).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from functools import partial
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from gradsched.runtime.architectures.base import Architecture
 from gradsched.runtime.comm.dataplane import open_data_plane
 from gradsched.runtime.diagnostics.exposure import say_exposure
 from gradsched.runtime.errors import GradschedError
@@ -35,57 +42,54 @@ from gradsched.runtime.training.inflight import Handover
 from gradsched.runtime.training.intake import Intake
 from gradsched.runtime.training.join import Iteration, UnevenInputs
 from gradsched.runtime.training.rounds import Round
-from gradsched.runtime.training.sharding import ShardedStep
 from gradsched.runtime.training.sparse import SparseGradients
 from gradsched.runtime.training.updates import DeferredUpdates
 from gradsched.runtime.training.waits import ModuleWaits
 
 
 class Plane:
-    """The round on gradsched's data plane; built by the coordinator ``co`` (which it does not keep)."""
+    """The round on gradsched's data plane under ``architecture``, for the coordinator ``co``
+    (which it does not keep)."""
 
-    def __init__(self, co: Any, sparse: tuple, comm_hook: tuple[Any, Callable] | None,
-                 explain: Callable[[], str]) -> None:
+    def __init__(self, co: Any, architecture: Architecture) -> None:
         self.model, self.params, self.names, self.index = co.model, co.params, co.names, co.index
         self.config, self.topology, self.trace, self.clock = co.config, co.topology, co.trace, co.clock
-        self.sync, self.exposure, self.entry, self.explain = co.sync, co.exposure, co.entry, explain
+        self.sync, self.exposure, self.entry = co.sync, co.exposure, co.entry
         self.rank, self.world_size = co.rank, co.world_size
-        opened = open_data_plane(self.names, self.params, co.policy, co.config, co.topology, comm_hook,
-                                 self.trace.on_exchange if self.trace else None, explain)
-        self.tensors, self.shards, self.device, self.exchange = (opened.tensors, opened.shards, opened.device,
-                                                                 opened.exchange)
+        me = weakref.ref(co)  # what this and its threads keep of the coordinator: no cycle to outlive close()
+        self.explain: Callable[[], str] = lambda: me().explain() if me() is not None else ""
+        opened = open_data_plane(architecture, self.names, self.params, co.policy, co.config, co.topology,
+                                 co.comm_hook, self.trace.on_exchange if self.trace else None, self.explain)
+        self.tensors, self.device, self.exchange = opened.tensors, opened.device, opened.exchange
         try:  # the launcher runs: nothing of a half-built plane may outlive it
-            self._build(co, sparse, explain)
+            self._build(co, architecture)
         except BaseException:
             self.exchange.close(wait=False)
             raise
 
-    def _build(self, co: Any, sparse: tuple, explain: Callable[[], str]) -> None:
+    def _build(self, co: Any, architecture: Architecture) -> None:
         config = co.config
         self.current = Round(co.life)  # the coordinator's: the count goes on after a hand-off
         self.closed = False
         self.broken = False  # a round that can never complete: close() must not wait for it
         self.handover = Handover(self.params, self.exchange)
         self.updates = DeferredUpdates(co.optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
-        self.sharded = None if self.shards is None else ShardedStep(
-            self.shards, self.exchange, partial(getattr, co.topology, "data"), self.handover, self.updates,
-            config.timeout)
-        self.clipping = self.sharded or self.handover  # clip_grad_norm_, clip_grad_value_
-        self.sparse = SparseGradients(*sparse, co.topology, self)  # outside the plans (gradsched.runtime.training.sparse)
+        self.stepping = architecture.stepping(self.exchange, self.handover, self.updates, co.topology, config)
+        self.sparse = SparseGradients(*co.sparse, co.topology, self)  # outside the plans (training.sparse)
         self.intake = Intake(self, config.find_unused_parameters)
         self.uneven = UnevenInputs(co)  # join(): ranks with fewer batches shadow the others
         self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
-        allreduce = config.architecture != "ps"  # else the data group holds the servers too
+        on_plane = architecture.buffers_on_data_plane
         self.buffer_sync = BufferSync(self.model, self.exchange,
-                                      partial(getattr, co.topology, "broadcasts" if allreduce else "buffers"),
-                                      allreduce, explain, self.device)
-        self.planner = Planner(self.tensors, self.params, co.policy, config, self.waits.owners(self.names),
-                               self.exchange, co.topology.control, self.rank, self.world_size, co.topology.data,
-                               self.clock, settle=partial(self.handover.wait, range(len(self.params)), "all parameters"),
+                                      partial(getattr, co.topology, "broadcasts" if on_plane else "buffers"),
+                                      on_plane, self.explain, self.device)
+        self.planner = Planner(self.tensors, self.params, co.policy, config, architecture,
+                               self.waits.owners(self.names), self.exchange, co.topology.control, self.rank,
+                               self.world_size, co.topology.data, self.clock,
+                               settle=partial(self.handover.wait, range(len(self.params)), "all parameters"),
                                on_buckets_kept=co.buckets_kept)
         self._tracing_module: tuple[str, float] | None = None
         self._handles: list[Any] = []
-        self.active_at = time.monotonic()  # the latest forward pass began (or the wrap): the ranks' progress
 
     # -- the backend's interface (the coordinator's calls) ------------------------------------
     @property
@@ -125,17 +129,7 @@ class Plane:
     def step(self) -> None:
         """``optimizer.step()``: close the round; update each parameter once it is reduced."""
         self.close_round()
-        snapshot = self.updates.snapshot()
-        if self.sharded is not None:  # this rank's shards, then the gathers (gradsched.runtime.training.sharding)
-            self.sharded.step(snapshot, self.exchange.plan_for(self.round))
-        elif not self.exchange.plan_for(self.round).cross_barrier:  # like DDP: wait, then update all
-            self.synchronize()
-            self.updates.apply_now(range(len(self.params)), snapshot)
-        else:
-            # every gradient the optimizer would see, as DDP's does: one no rank used in the latest
-            # backward pass is updated with what it held before (an earlier pass's, accumulated)
-            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
-            self.updates.request_step(with_grad, snapshot)
+        self.stepping.step(self.updates.snapshot(), self.exchange.plan_for(self.round))
         self.current.life.stepped()
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
             self.planner.control_point(self.round)
@@ -147,22 +141,38 @@ class Plane:
         self.buffer_sync.wait()
         self.close_round()
         self.updates.wait_and_apply(range(len(self.params)), "all parameters")
-        if self.sharded is not None:
-            self.sharded.wait_all()
+        self.stepping.synchronize()
+
+    def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                  foreach: bool | None) -> torch.Tensor:
+        return self.stepping.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
+
+    def clip_value(self, value: float) -> None:
+        self.stepping.clip_value(value)
+
+    def full_state_dict(self) -> dict:
+        return self.stepping.full_state_dict()
+
+    def broadcast_buffers(self, source: int) -> None:
+        """Copy rank ``source``'s buffers to every worker: under way on return (:class:`BufferSync`)."""
+        self.buffer_sync.start(source)
 
     def idle(self) -> bool:
         return self.exchange.error is None and not self.broken and not any(map(self.exchange.in_flight,
                                                                                range(len(self.params))))
 
-    def release_buffers(self) -> None:
-        """Let go of the flat gradient buffers (the hand-off: DDP's buckets hold the gradients
-        from now on); a gradient that lives in one moves to memory of its own."""
+    def retire(self) -> None:
+        """The hand-off (every reduction complete): off the training thread's path, the flat
+        gradient buffers let go (DDP's buckets hold the gradients from now on; a gradient that
+        lives in one moves to memory of its own), the threads stopped. What it planned and
+        measured stays readable; the optimizer's updates stay in use (the reducer's)."""
         homes = {h.data_ptr() for h in self.current.homes.values()}
         for p in self.params:
             if p.grad is not None and p.grad.data_ptr() in homes:
                 p.grad = p.grad.clone()
         self.current.homes = {}
-        self.exchange.release_buffers()
+        self.close(wait=True)
+        self.stop(wait=True)
 
     def close(self, wait: bool) -> None:
         """Stop; with ``wait`` (and nothing failed), first finish the communication in flight."""
@@ -228,7 +238,7 @@ class Plane:
             if unclaimed:  # (on NCCL also once resolved: that is, queued)
                 self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self.current.life.forward()
-        self.active_at = time.monotonic()
+        self.current.life.active_at = time.monotonic()
         if self.sync.training(torch.is_grad_enabled()):  # a training iteration begins
             self.exposure.iteration_began(time.perf_counter(), self.exchange.waited_s)
             if self.exposure.count % 50 == 0 and self.rank == 0:
@@ -275,12 +285,8 @@ class Plane:
         entered = time.perf_counter()
         if first:
             timing.module_starts[name] = self.clock.stamp(timing, ("module", name))
-        if self.sharded is not None:
-            self.sharded.wait(idx, f"module {name}")
-        elif any(self.updates.pending(i) for i in idx):
-            self.updates.wait_and_apply(idx, f"module {name}")
-            if first:
-                timing.module_waits[name] = time.perf_counter() - entered
+        if self.stepping.before_forward(idx, f"module {name}") and first:
+            timing.module_waits[name] = time.perf_counter() - entered
         if self.trace:
             now = time.perf_counter()
             self._trace_forward(entered)

@@ -1,9 +1,9 @@
-"""The parameter server loop (see :mod:`gradsched.runtime.comm.ps` for roles and wire format).
+"""The parameter server loop (see :mod:`gradsched.runtime.architectures.servers.pushpull` for roles and wire format).
 
 A server serves rounds one at a time. It waits for every worker's header of the round
 (all must name the same round and plan), takes the plan (received from rank 0 when it was
 adopted), posts a receive of each piece of its chunk of every message from each worker
-(:func:`gradsched.runtime.comm.ps.cut`), and then, piece by piece in plan order (the order
+(:func:`gradsched.runtime.architectures.servers.pushpull.cut`), and then, piece by piece in plan order (the order
 every worker pushes in), sums the workers' pieces in worker order, divides the sum by the
 number of workers and sends this average back to every worker. (DDP divides before
 summing; dividing the sum does the same work once on a server instead of on every worker,
@@ -28,7 +28,7 @@ from gradsched.core.plan import Plan
 from gradsched.runtime.comm import wire_format
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.comm.topology import Topology
-from gradsched.runtime.comm.ps import HEADER_TAG, STOP, buffer_layout, cut, message_tag
+from gradsched.runtime.architectures.servers.pushpull import HEADER_TAG, STOP, buffer_layout, cut, message_tag
 
 
 class Server:

@@ -1,4 +1,5 @@
-"""The training thread's side of ``architecture="sharded"`` (:mod:`gradsched.runtime.comm.sharded`).
+"""The training thread's side of ``architecture="sharded"`` (:mod:`gradsched.runtime.architectures.sharded.shards`):
+a :class:`~gradsched.runtime.architectures.base.Stepping`.
 
 * ``step()`` waits until every message of the round is reduce-scattered (this rank then holds
   the average of its shard of every gradient), runs the user's optimizer on this rank's
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from gradsched.core.plan import Plan
 from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.comm.sharded import Shards
+from gradsched.runtime.architectures.sharded.shards import Shards
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import Handover
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
@@ -193,6 +194,15 @@ class ShardedStep:
 
     def wait_all(self) -> None:
         self.wait(range(len(self.shards.params)), "all parameters")
+
+    def before_forward(self, indices: Sequence[int], what: str) -> bool:
+        """A module's forward pass reads its own parameters only: their all-gathers (the time it
+        waits for them is not a reduction's: not counted as one)."""
+        self.wait(indices, what)
+        return False
+
+    def synchronize(self) -> None:
+        self.wait_all()
 
     # -- clipping ------------------------------------------------------------------------------
     def _valid_grads(self) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Handing DDP-style buckets to PyTorch's own reducer.
+"""DDP's reducer as an architecture: handing DDP-style buckets to PyTorch's own reducer.
 
 Where the measured trial keeps DDP-style buckets (:mod:`gradsched.control.arms`), gradsched's
 launcher would only add its Python work to what DDP does in C++. With ``handoff`` (the
@@ -23,6 +23,7 @@ equivalent on CPU).
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.training.hooks import Hook
@@ -38,11 +41,6 @@ from gradsched.runtime.torch_private import ddp_post_forward, ddp_pre_forward
 
 #: the installed DDP calls the buffer sync before each forward ``forward_sync_buffers`` (2.13+)
 DDP_NAMES_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
-
-
-def hands_off(config: RuntimeConfig, workers: int) -> bool:
-    """Whether kept buckets go to DDP's reducer: with ``handoff``, all-reduce among several workers."""
-    return config.handoff and config.architecture == "allreduce" and workers > 1
 
 
 def _passing(hook):
@@ -79,6 +77,7 @@ class TorchReducer:
                          model.register_forward_hook(Hook(self._after))]
 
     def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        self.life.active_at = time.monotonic()
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
             self.life.close()
             self.life.forward()
@@ -99,13 +98,37 @@ class TorchReducer:
         self.ddp = None
 
 
+class DDPReducer(Architecture):
+    """All-reduce by DDP's own C++ reducer: what all-reduce hands its kept buckets to. Not an
+    option a user names; the hand-off swaps it in (:meth:`Architecture.handed_off`)."""
+
+    name = "ddp-reducer"
+
+    def open(self, co: Any) -> ReducerBackend:
+        """DDP's reducer in place of the plane of ``co`` (a coordinator whose plane is idle):
+        the plane retired (its hooks off the training thread's path, its buffers let go, its
+        threads stopped), the run's rounds counted on."""
+        plane = co.backend
+        plane.retire()
+        reducer = TorchReducer(co.model, co.topology.data, co.config, co.life, syncing=co.sync.enabled,
+                               comm_hook=co.comm_hook)
+        return ReducerBackend(reducer, plane, co.life)
+
+
 class ReducerBackend:
     """The coordinator's backend from the hand-off on: DDP's reducer reduces inside backward,
-    ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's."""
+    ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's. What the
+    retired plane planned and measured stays readable (``stats()``); its optimizer's updates
+    are this backend's."""
 
-    def __init__(self, reducer: TorchReducer, updates: Any, life: RoundLife) -> None:
+    def __init__(self, reducer: TorchReducer, retired: Any, life: RoundLife) -> None:
         self.reducer = reducer
-        self.updates = updates  # the plane's DeferredUpdates: the user's optimizer, AMP's scaling kept
+        self.updates = retired.updates  # the user's optimizer, AMP's scaling kept
+        self.planner, self.exchange = retired.planner, retired.exchange  # as they ended (read only)
+        self.tensors, self.waits = retired.tensors, retired.waits
+        self.params = retired.params
+        self.buffers_group = retired.topology.data
+        self.explain = retired.explain
         self.life = life  # the run's rounds, counted on from the plane's
 
     @property
@@ -114,10 +137,13 @@ class ReducerBackend:
 
     joined = False  # DDP's join keeps its own state
 
+    def attach(self) -> None:
+        """Nothing: the reducer's hooks are on from its construction."""
+
     def step(self) -> None:  # DDP's reducer finished every reduction inside backward
         self.life.close()
         self.life.stepped()
-        self.updates.apply_now(range(len(self.updates.params)), self.updates.snapshot())
+        self.updates.apply_now(range(len(self.params)), self.updates.snapshot())
 
     def synchronize(self) -> None:
         """Nothing: every reduction ended inside ``backward()``."""
@@ -130,19 +156,34 @@ class ReducerBackend:
             self.reducer.ddp.require_forward_param_sync = bool(enabled)
         return self.reducer.ddp.require_forward_param_sync
 
+    def shadow(self, iteration: Any) -> None:
+        raise AssertionError("after the hand-off join() is DDP's own")  # never called: the coordinator's join is off
+
+    def broadcast_buffers(self, source: int) -> None:
+        """Copy rank ``source``'s buffers to every worker, now (DDP's reducer syncs them before each
+        forward pass that trains; this is an explicit copy)."""
+        broadcast_flat(buffers_of(self.reducer.ddp.module), source, self.buffers_group, "broadcasting buffers",
+                       self.explain)
+
+    def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                  foreach: bool | None) -> torch.Tensor:
+        """torch's own: the gradients are reduced inside ``backward()``."""
+        return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
+                                              error_if_nonfinite, foreach)
+
+    def clip_value(self, value: float) -> None:
+        if not value >= 0:
+            raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
+        torch.nn.utils.clip_grad_value_([p for p in self.params if p.grad is not None], value)
+
+    def full_state_dict(self) -> dict:
+        return self.updates.optimizer.state_dict()
+
     def idle(self) -> bool:
         return True
 
     def close(self, wait: bool) -> None:
         self.reducer.close()
 
-
-def take_over(co: Any) -> ReducerBackend:
-    """DDP's reducer in place of the plane of ``co`` (a coordinator whose plane is idle):
-    gradsched's own hooks off the training thread's path, its buffers (flat gradient buffers,
-    compression's wire copies) let go, the run's rounds counted on."""
-    co.plane.detach()
-    co.plane.release_buffers()
-    reducer = TorchReducer(co.model, co.topology.data, co.config, co.life, syncing=co.sync.enabled,
-                           comm_hook=co.comm_hook)
-    return ReducerBackend(reducer, co.plane.updates, co.life)
+    def stop(self, wait: bool) -> None:
+        """Nothing more: the plane stopped at the hand-off; DDP (and through it the model) is let go at close."""

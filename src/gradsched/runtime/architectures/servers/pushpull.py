@@ -4,7 +4,7 @@ the worker's side (push a message to the servers, pull the sum back).
 Roles (assigned in :mod:`gradsched.runtime.comm.topology`). A job of ``W + S`` processes (``torchrun --nproc_per_node W+S``) has workers on
 ranks ``0 .. W-1`` and servers on ranks ``W .. W+S-1``. Every process runs the user's script;
 ``gradsched.wrap`` on a server rank runs the server loop and exits the process when the
-workers finish (see :mod:`gradsched.runtime.comm.server`).
+workers finish (see :mod:`gradsched.runtime.architectures.servers.server`).
 
 Messages. The workers agree on plans exactly as with all-reduce (rank 0 proposes at the
 control points), and rank 0 forwards every plan to every server. A message is one buffer
