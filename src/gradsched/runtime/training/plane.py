@@ -1,7 +1,12 @@
 """gradsched's own reduction backend: the training thread's side of every round on gradsched's
-data plane (:mod:`gradsched.runtime.comm`).
+data plane (:mod:`gradsched.runtime.comm`), both passes, one object:
 
-* backward hands each gradient over (:mod:`~gradsched.runtime.training.intake`);
+* backward hands each gradient over as autograd accumulates it (a post-accumulate-grad hook per
+  parameter: moved into its home in the plan's flat buffer, stamped with the clock's event, left
+  in ``.grad`` in flight); the first gradient after a forward pass opens the round; with
+  ``find_unused_parameters`` the last gradient the backward pass gives (or its close) settles
+  the parameters it left without one, as DDP does (:mod:`gradsched.runtime.training.unused`);
+  a rank that has joined (``join()``) hands over zeros for a round it shadows;
 * a forward pre-hook per module that owns parameters waits for those parameters' reduction
   and applies every pending update (the Dependency Proxy: a layer waits only for itself), and
   one per module that owns buffers waits for their broadcast;
@@ -38,11 +43,11 @@ from gradsched.runtime.planning.planner import Planner
 from gradsched.runtime.planning.profiling import RoundTiming
 from gradsched.runtime.training.buffer_sync import BufferSync
 from gradsched.runtime.training.hooks import Hook
-from gradsched.runtime.training.inflight import Handover
-from gradsched.runtime.training.intake import Intake
+from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.join import Iteration, UnevenInputs
 from gradsched.runtime.training.rounds import Round
 from gradsched.runtime.training.sparse import SparseGradients
+from gradsched.runtime.training.unused import UnusedParameters, agree_unused
 from gradsched.runtime.training.updates import DeferredUpdates
 from gradsched.runtime.training.waits import ModuleWaits
 
@@ -76,7 +81,7 @@ class Plane:
         self.updates = DeferredUpdates(co.optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
         self.stepping = architecture.stepping(self.exchange, self.handover, self.updates, co.topology, config)
         self.sparse = SparseGradients(*co.sparse, co.topology, self)  # outside the plans (training.sparse)
-        self.intake = Intake(self, config.find_unused_parameters)
+        self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
         self.uneven = UnevenInputs(co)  # join(): ranks with fewer batches shadow the others
         self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
         on_plane = architecture.buffers_on_data_plane
@@ -113,7 +118,7 @@ class Plane:
     def attach(self) -> None:
         """Register the hooks of gradients, sparse gradients and modules."""
         for p in self.params:
-            self._handles.append(p.register_post_accumulate_grad_hook(self.intake.on_grad))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         self._handles.extend(self.sparse.attach())
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
@@ -182,7 +187,8 @@ class Plane:
         finally:
             self.closed = True
             self.detach()
-            self.intake.detach()
+            if self.unused is not None:
+                self.unused.close()
 
     def stop(self, wait: bool) -> None:
         """Stop the threads and let go of the groups (after :meth:`close`)."""
@@ -202,14 +208,15 @@ class Plane:
             return
         self.planner.record(self.current.timing, self.round)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
-        if missing and self.intake.unused is None:
+        if missing and self.unused is None:
             names = [self.names[i] for i in missing[:5]]
             self.broken = True
             raise GradschedError(
                 f"{len(missing)} parameters got no gradient in this backward pass, e.g. {names}; if some "
                 f"parameters are legitimately unused, pass find_unused_parameters=True to {self.entry}"
             )
-        self.intake.close()
+        if self.unused is not None and self.unused.open:  # the backward pass ended early (it raised)
+            self._settle_unused()
         if self.current.life.orphans_due():  # gradients whose owners did not run: an ancestor that ran waits
             self.waits.adopt_orphans(lambda i: self.exchange.ready_round[i] == self.round, self.current.ran,
                                      lambda i, module: self.planner.adopt(self.names[i], module))
@@ -223,7 +230,87 @@ class Plane:
             return
         self.current.life.shadowed()
         self.start_round()
-        self.intake.shadow()
+        self._shadow_with_zeros()
+
+    # -- backward: each gradient as autograd accumulates it ------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if self.closed:
+            return
+        i = self.index[id(p)]
+        grad = plain(p.grad)  # None: an undefined gradient reached this parameter
+        if self.sync.local:
+            if self.unused is not None and grad is not None:
+                self.unused.local_gradient(i)
+            return
+        if self.current.life.gradient():  # the first gradient after a forward pass: a new round
+            self.start_round()
+            if self.unused is not None:
+                self.unused.begin()  # which parameters will this backward pass reach?
+        if grad is not None:
+            self._hand_over(i, grad)
+        if self.unused is not None and self.unused.report(i, grad is not None):
+            self._settle_unused()  # the last gradient this backward pass gives the model
+
+    def _hand_over(self, i: int, grad: torch.Tensor) -> None:
+        current = self.current
+        name = self.names[i]
+        if self.exchange.ready_round[i] == current.index:
+            raise GradschedError(
+                f"parameter {name!r} received a gradient twice in one backward pass; run one "
+                "backward per forward, and use no_sync() for backward passes that should not communicate"
+            )
+        grad = self.handover.place(grad, current.homes.get(i))
+        timing, key = current.timing, ("ready", name)
+        now = timing.ready[name] = self.clock.stamp(timing, key)  # its event: also where it was produced
+        if self.trace:
+            self.trace.ready(current.index, name, now, backward_from=timing.forward_end)
+        self.handover.hand_over(i, grad, current.index, current.grad_scale,
+                                produced=self.device.produced(timing.events.get(key)))
+
+    def _settle_unused(self) -> None:
+        """``find_unused_parameters``: the backward pass is over, so every parameter it gave no
+        gradient is handed over now (see :mod:`gradsched.runtime.training.unused`)."""
+        current, exchange, handover = self.current, self.exchange, self.handover
+        globally_unused = self._agree(self.unused.settle(len(self.params)))
+        for i in [i for i in range(len(self.params)) if exchange.ready_round[i] != current.index]:
+            p = self.params[i]
+            if i in handover.unsettled or self.updates.pending(i):  # its previous round first (NCCL: ran)
+                self.updates.wait_and_apply([i], f"parameter {self.names[i]!r}")
+            home = current.homes.get(i)
+            held = plain(p.grad)
+            if i in globally_unused:  # used nowhere: .grad stays as it is
+                if home is not None and held is home:  # .grad lives where the message reduces: restored after
+                    handover.hand_over(i, home, current.index, keep=home.clone())
+                else:
+                    handover.lend(i, home.zero_() if home is not None else torch.zeros_like(p), current.index)
+                continue
+            with torch.no_grad():  # used elsewhere: reduced with what this rank holds, as DDP does
+                if held is None:
+                    contribution = home.zero_() if home is not None else torch.zeros_like(p)
+                elif home is not None:
+                    contribution = home if held is home else home.copy_(held)
+                else:
+                    contribution = held.detach().contiguous()
+            handover.hand_over(i, contribution, current.index, current.grad_scale)
+
+    def _agree(self, missing: list[int]) -> set[int]:
+        """The parameters no rank gave a gradient, from this rank's ``missing`` (a collective)."""
+        return agree_unused(missing, len(self.params), self.topology.control if self.world_size > 1
+                            else None, self.explain)
+
+    def _shadow_with_zeros(self) -> None:
+        """On a rank that has joined: zeros for every gradient of the round it takes part in."""
+        everything = range(len(self.params))
+        for i in everything:
+            home = self.current.homes.get(i)
+            self.handover.lend(i, home.zero_() if home is not None else torch.zeros_like(self.params[i]),
+                               self.current.index)
+        self.sparse.shadow()  # the training ranks reduce theirs in backward()
+        if self.unused is not None:
+            # counted as using every parameter, as DDP's joined ranks are: while a rank has
+            # joined, a parameter the others all left unused gets a zero gradient, not none
+            self._agree([])
+        self.handover.wait(everything, "zero gradients shadowing the ranks still training (join)")
 
     # -- forward hooks --------------------------------------------------------------------
     def _before_root(self, module: nn.Module, args: Any) -> None:
