@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gradsched.bench.dilation import AUTO_CPU_SHARE, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation, undilate
-from gradsched.bench.runner import BenchConfig
+from gradsched.bench.config import BenchConfig
 from gradsched.bench.workloads import workload
 
 from netns_helpers import needs_netns
@@ -119,9 +119,10 @@ def test_auto_calibrates_on_the_runs_themselves(monkeypatch):
     """The calibration sequence, with the host's shares given (the measurements are the bench's
     own elsewhere; this is the decision): communication alone 50% undilated starts at K=2; the
     runs at K=2 keep the host 75% busy, so K=4; at K=4 40%, so K=4 stays."""
-    from gradsched.bench import runner
+    from gradsched.bench import calibration
     from gradsched.bench.protocol import COMM_ONLY
-    from gradsched.bench.runner import BenchConfig, choose_dilation
+    from gradsched.bench.calibration import choose_dilation
+    from gradsched.bench.config import BenchConfig
 
     ran = []
 
@@ -131,7 +132,7 @@ def test_auto_calibrates_on_the_runs_themselves(monkeypatch):
             return {"host_cpu": {COMM_ONLY: 0.5}}
         return {"host_cpu": {"ddp": 0.3, "prophet": {2.0: 0.75, 4.0: 0.40}[float(config.dilation)]}}
 
-    monkeypatch.setattr(runner, "_measure", measured)
+    monkeypatch.setattr(calibration, "measure", measured)
     config = BenchConfig(model="replay-mini", dilation="auto", policies=("ddp", "prophet"), bandwidths_bps=(1e9,))
     chosen, busy, history = choose_dilation(config)
     assert chosen.dilation == 4.0 and busy == 0.5

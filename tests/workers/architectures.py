@@ -257,7 +257,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     workers = 2
     group = dist.new_group(list(range(workers)))  # every rank creates it; the reference trains on it
     report = {}

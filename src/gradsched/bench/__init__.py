@@ -2,7 +2,9 @@
 emulated on one machine (network namespaces, veth, a bridge and tc)."""
 
 from .netns import EmulatedCluster, available, remove_stale
-from .runner import BenchConfig, Setting, run_bench
+from .config import BenchConfig
+from .figures import Setting
+from .runner import run_bench
 from .workloads import REAL, REPLAY, workload
 
 __all__ = ["BenchConfig", "EmulatedCluster", "REAL", "REPLAY", "Setting", "available", "remove_stale", "run_bench",

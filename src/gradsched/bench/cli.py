@@ -15,7 +15,9 @@ from ..progress import Progress
 from ..units import parse_duration
 from .dilation import AUTO_CPU_SHARE
 from .netns import JUMBO_MTU, available
-from .runner import BASELINES, BenchConfig, run_bench, settings_json, settings_text
+from .config import BASELINES, BenchConfig
+from .report import settings_json, settings_text
+from .runner import run_bench
 from .workloads import REAL, REPLAY
 
 DEFAULT_POLICIES = "ddp,fifo,priority,bytescheduler,prophet"

@@ -26,7 +26,7 @@ CLIP, AUTOTUNE, SHARDED = "clip", "autotune", "sharded"  # the variants of a run
 class Run:
     """One measured run: a policy (or a DDP baseline), and its variant, as its row is named."""
 
-    policy: str  # "ddp", "ddp-bf16", "fsdp2" (a baseline: see gradsched.bench.runner.BASELINES), or a gradsched policy
+    policy: str  # "ddp", "ddp-bf16", "fsdp2" (a baseline: see gradsched.bench.config.BASELINES), or a gradsched policy
     clip: float = 0.0  # > 0: clip gradients to this global norm ("+clip")
     autotune_trials: int = 0  # > 0: tuned online with this many candidates ("+autotune")
     sharded: bool = False  # architecture="sharded" ("+sharded")
@@ -43,16 +43,6 @@ class Run:
     @property
     def is_fsdp(self) -> bool:
         return self.policy.startswith("fsdp2")
-
-    @classmethod
-    def named(cls, name: str, clip: float = 0.0, autotune_trials: int = 0) -> Run:
-        """The run a row is named for: ``name`` is ``policy``, ``policy+clip``, ``policy+autotune``
-        or ``policy+sharded``."""
-        policy, _, variant = name.partition("+")
-        if variant not in ("", CLIP, AUTOTUNE, SHARDED):
-            raise ValueError(f"unknown run variant {variant!r} in {name!r}")
-        return cls(policy, clip if variant == CLIP else 0.0, autotune_trials if variant == AUTOTUNE else 0,
-                   variant == SHARDED)
 
 
 @dataclass(frozen=True)

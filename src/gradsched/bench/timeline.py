@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .runner import BASELINES
+from .config import BASELINES
 
 
 def timeline_runs(data: dict) -> list[str]:

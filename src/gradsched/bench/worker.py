@@ -35,7 +35,7 @@ from .ddp_trace import DdpTracer
 from .host import HostCpu
 from .memory import PeakMemory
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
-from .runner import FSDP2
+from .config import FSDP2
 from .workloads import ReplayOptimizer, local, workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)

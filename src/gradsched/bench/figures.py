@@ -1,0 +1,153 @@
+"""The figures of a benchmark run: from rank 0's timings to the bound, each run's row (its
+median, ratio to the bound, speed-up over the reference, the simulator's prediction for what
+ran) and the setting they were measured in."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import MeasuredLink, policy_config
+from ..core.base import PolicyConfig
+from ..core.policies import FifoConfig, is_buckets
+from ..sim import dependency_bound, link_cluster, predict, scaled
+from ..sim.fsdp import fsdp_iteration_s
+from .config import BASELINES, FSDP2, BenchConfig
+from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
+from .workloads import workload
+
+
+@dataclass
+class Row:
+    """The figures of one run at one bandwidth (a row of the table; ``as_json`` is its record in
+    the bench's JSON, the keys the committed figures use)."""
+
+    policy: str  # the run's name (Run.name): a policy or baseline, and its variant
+    bandwidth_gbps: float | None
+    iteration_s: float  # the median iteration
+    bound_s: float
+    ratio_to_dependency_bound: float | None = None
+    speedup_vs_ddp: float | None = None  # all-reduce: against DDP (or ddp-tuned)
+    speedup_vs_fifo: float | None = None  # parameter servers: against fifo through them
+    predicted_s: float | None = None  # the simulator's, for what ran
+    host_cpu_busy: float | None = None
+    reported: dict[str, Any] = field(default_factory=dict)  # what the rank reported besides its times (plan,
+    #   trial, autotune, optimizer_state_bytes, bucket_cap_mb, peak_memory_bytes, ...)
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.iteration_s / self.bound_s
+
+    def speedup(self, reference: str) -> float | None:
+        return self.speedup_vs_fifo if reference == "fifo" else self.speedup_vs_ddp
+
+    @property
+    def plan(self) -> str:
+        """What it ran at the end: the policy's plan, or a DDP baseline's bucket size."""
+        if self.reported.get("plan"):
+            return self.reported["plan"]
+        return f"buckets {self.reported['bucket_cap_mb']} MB" if "bucket_cap_mb" in self.reported else ""
+
+    def as_json(self, with_servers: bool) -> dict[str, Any]:
+        data = {"policy": self.policy, "bandwidth_gbps": self.bandwidth_gbps, "iteration_s": self.iteration_s,
+                "bound_s": self.bound_s, "ratio_to_bound": self.ratio_to_bound,
+                "ratio_to_dependency_bound": self.ratio_to_dependency_bound, "speedup_vs_ddp": self.speedup_vs_ddp}
+        if with_servers:
+            data["speedup_vs_fifo"] = self.speedup_vs_fifo
+        return {**data, "predicted_s": self.predicted_s, "host_cpu_busy": self.host_cpu_busy, **self.reported}
+
+
+@dataclass
+class Setting:
+    """The figures of one bandwidth."""
+
+    bandwidth_bps: float | None
+    limited: bool  # False: loopback without limit
+    compute_s: float
+    comm_s: float
+    latency_s: float  # one tiny all-reduce
+    overhead_s: float  # per message, many in flight
+    rows: list[Row] = field(default_factory=list)
+    calibration: list[dict[str, float]] | None = None  # with --balance: the runs that found the bandwidth
+    dependency_bound_s: float | None = None  # replay models: also respecting when gradients exist and are needed
+    cpu_compute: float | None = None  # the host's CPUs busy (0-1) over compute only
+    cpu_comm: float | None = None  # and over communication only
+    comm_servers_s: float | None = None  # parameter servers: communication only, pushed and pulled through them
+    cpu_comm_servers: float | None = None
+    comm_wire_s: float | None = None  # --compression: communication only, the same buckets in the wire dtype
+    cast_s_per_byte: float | None = None  # and casting to it and back, per wire byte
+    dilation: float = 1.0  # the time dilation K it ran under (its times are divided by K)
+    dilation_busy: float | None = None  # --dilation auto: the host's CPUs busy communicating only, undilated
+    dilation_history: list[dict] | None = None  # --dilation auto: each dilated calibration's K and busiest run
+
+    @property
+    def bound_s(self) -> float:
+        return max(self.compute_s, self.comm_s)
+
+
+def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:
+    """The figures of one bandwidth from rank 0's ``raw`` result: the bound, and a row per run."""
+    compute = statistics.median(raw["compute"])
+    ring = statistics.median(raw["comm"])
+    # the link as measured: latency and per-message overhead from tiny messages, and the
+    # cost per byte from the communication-only time (a ring all-reduce among the workers)
+    link = MeasuredLink(raw["latency"], raw["overhead"], ring / raw["gradient_bytes"])
+    cluster = link_cluster(link, config.workers, config.servers)
+    # with parameter servers every byte is pushed once and pulled once, each server link
+    # carrying max(1, W/S) of a worker's share: the same bound as the simulator's
+    comm = cluster.comm_time(raw["gradient_bytes"]) if config.with_servers else ring
+    host_cpu = raw.get("host_cpu", {})
+    setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"],
+                      cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
+                      comm_servers_s=statistics.median(raw["comm_servers"]) if "comm_servers" in raw else None,
+                      cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
+                      comm_wire_s=statistics.median(raw["comm_wire"]) if "comm_wire" in raw else None,
+                      cast_s_per_byte=raw.get("cast_s_per_byte"))
+    predicting = cluster  # where gradsched's runs are predicted: compressed ones on the wire dtype's rate, with casts
+    if setting.comm_wire_s is not None:
+        wire_link = MeasuredLink(raw["latency"], raw["overhead"], setting.comm_wire_s / (raw["gradient_bytes"] / 2),
+                                 setting.cast_s_per_byte)
+        predicting = link_cluster(wire_link, config.workers, config.servers)
+    medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
+    reference = medians.get("fifo") if config.with_servers else (medians.get("ddp") or medians.get("ddp-tuned"))
+    work = workload(config.model, config.batch, config.device)
+    if work.table is not None:
+        setting.dependency_bound_s = dependency_bound(scaled(work.table, compute), cluster.comm_time)
+    for policy, result in raw["policies"].items():
+        speedup = reference / medians[policy] if reference else None
+        row = Row(policy, None if bandwidth is None else bandwidth / 1e9, medians[policy], setting.bound_s,
+                  medians[policy] / setting.dependency_bound_s if setting.dependency_bound_s else None,
+                  speedup_vs_ddp=None if config.with_servers else speedup,
+                  speedup_vs_fifo=speedup if config.with_servers else None, host_cpu_busy=host_cpu.get(policy),
+                  reported={k: v for k, v in result.items() if k != "times"})
+        run = config.run_named(policy)
+        base = run.policy
+        # predict what actually ran (the simulator does not model clipping's wait for every reduction)
+        if work.table is not None and base not in BASELINES and not run.clip:
+            # the layers' times scaled so that compute matches the compute-only time (which
+            # includes the optimizer step the table lacks): the prediction tests scheduling,
+            # not the tc rate or the device preset
+            table = work.table.on_the_wire(2) if config.compression else work.table
+            ran = _ran(config, run, result, table.gradient_bytes / work.table.gradient_bytes)
+            where = link_cluster(link, config.workers, sharded=True) if run.sharded else predicting
+            row.predicted_s = predict(scaled(table, compute), where, ran)
+        elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
+            row.predicted_s = fsdp_iteration_s(scaled(work.table, compute),
+                                                  link_cluster(link, config.workers, sharded=True), FSDP2[base])
+        setting.rows.append(row)
+    return setting
+
+
+def _ran(config: BenchConfig, run: Run, result: dict, wire_ratio: float) -> PolicyConfig:
+    """The policy configuration the run ended on (the fallback's buckets after losing its
+    trial: DDP's, with caps scaled to wire bytes; tuned options)."""
+    base = run.policy
+    ran = result.get("plan") or base
+    if is_buckets(ran) and not is_buckets(base):
+        return FifoConfig.ddp_buckets(wire_ratio=wire_ratio)
+    options = config.policy_options(ran) if ran == base else {}
+    tuned = (result.get("autotune") or {}).get("best_options")
+    if tuned and ran == base:
+        options = {**options, **tuned}
+    return policy_config(ran, **options)

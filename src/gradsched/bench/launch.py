@@ -1,0 +1,72 @@
+"""Launching the benchmark's ranks: what every rank is told (the payload), starting them on the
+emulated cluster (or loopback) the way torchrun would, a watchdog, and rank 0's result read back,
+its times undilated."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Sequence
+
+from .config import BASELINES, BenchConfig
+from .dilation import undilate
+from .netns import EmulatedCluster
+from .processes import Processes, free_port, read_result, starts
+from .protocol import Run, WorkerConfig
+
+
+def payload(config: BenchConfig, runs: Sequence[Run] | None, iters: int | None) -> str:
+    """What every rank is told to run (the worker's one argument)."""
+    return WorkerConfig(
+        model=config.model, batch=config.batch, device=config.device, iters=iters or config.iters,
+        warmup=config.warmup, runs=tuple(config.runs if runs is None else runs),
+        profile_rounds=config.profile_rounds, fallback=config.fallback,
+        options={p: config.policy_options(p) for p in config.policies if p not in BASELINES},
+        arch=config.arch, servers=config.servers, compression=config.compression,
+        dilation=float(config.dilation), trace_dir=config.trace_dir).to_json()
+
+
+def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
+           runs: Sequence[Run] | None = None, iters: int | None = None) -> dict:
+    """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
+    port = free_port() if cluster is None else 29500 + os.getpid() % 1000
+    master = "127.0.0.1" if cluster is None else cluster.addresses[0]
+    processes = Processes(cluster, config.launcher == "torchrun")
+    watchdog = threading.Timer(config.timeout_s, processes.kill_all)
+    watchdog.daemon = True
+    reading, writing = os.pipe()  # rank 0's stdout: progress and the result
+    try:
+        worker = ["-m", "gradsched.bench.worker", payload(config, runs, iters)]
+        for start in starts(config.launcher == "torchrun", config.hosts, config.procs_per_node, cluster, worker, master,
+                            port, writing):
+            processes.start(*start)
+        os.close(writing)
+        writing = None
+        watchdog.start()
+        result = read_result(reading, progress)
+        for proc in processes.procs:
+            proc.wait()
+        if processes.expired.is_set():
+            raise TimeoutError(f"the benchmark ranks did not finish within {config.timeout_s:.0f} s (--timeout)")
+        failure = processes.failure(result)
+        if failure is not None:
+            raise RuntimeError(failure)
+        return result
+    finally:
+        watchdog.cancel()
+        processes.close()
+        os.close(reading)
+        if writing is not None:
+            os.close(writing)
+
+
+def measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[dict], None], emulated: bool = True,
+            runs: Sequence[Run] | None = None, iters: int | None = None) -> dict:
+    """One run of the ranks at ``bandwidth`` (on loopback unless ``emulated``), dilated by the
+    config's K (links 1/K as fast, latency K times as long) and its times divided by K."""
+    k = float(config.dilation)
+    if not emulated:
+        return undilate(launch(config, None, progress, runs, iters), k)
+    rate = None if bandwidth is None else bandwidth / k
+    with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu) as cluster:
+        return undilate(launch(config, cluster, progress, runs, iters), k)

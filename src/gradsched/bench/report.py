@@ -1,0 +1,114 @@
+"""The benchmark's report: its figures as JSON (what docs/figures commits and the tables are
+generated from) and as the text ``gradsched bench`` prints."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core.policies import is_buckets
+from ..sim.bounds import raises_bound
+from ..units import format_bytes
+from .config import BenchConfig
+from .dilation import AUTO_CPU_SHARE, AUTO_RUN_SHARE
+from .figures import Setting
+from .workloads import workload
+
+
+def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
+    work = workload(config.model, config.batch, config.device)
+    return {
+        "model": config.model,
+        "replay": work.replay,
+        "description": work.description,
+        "workers": config.workers,
+        "arch": config.arch,
+        "servers": config.servers,
+        "latency_s": config.latency_s,
+        "compression": config.compression,
+        "procs_per_node": config.procs_per_node,
+        "launcher": config.launcher,
+        "mtu": config.mtu,
+        "dilation": settings[0].dilation if settings else 1.0,
+        "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
+            "host_cpu_busy_comm_undilated": settings[0].dilation_busy, "target": AUTO_CPU_SHARE,
+            "runs_target": AUTO_RUN_SHARE, "calibrations": settings[0].dilation_history},
+        "emulated_network": all(s.limited for s in settings),
+        "settings": [{"bandwidth_gbps": None if s.bandwidth_bps is None else s.bandwidth_bps / 1e9,
+                      "compute_s": s.compute_s, "comm_s": s.comm_s, "bound_s": s.bound_s,
+                      "dependency_bound_s": s.dependency_bound_s,
+                      "message_latency_s": s.latency_s, "message_overhead_s": s.overhead_s,
+                      "host_cpu_busy_compute": s.cpu_compute, "host_cpu_busy_comm": s.cpu_comm,
+                      "comm_servers_s": s.comm_servers_s, "host_cpu_busy_comm_servers": s.cpu_comm_servers,
+                      "comm_wire_s": s.comm_wire_s, "cast_s_per_byte": s.cast_s_per_byte,
+                      "balance_calibration": s.calibration} for s in settings],
+        "results": [row.as_json(config.with_servers) for s in settings for row in s.rows],
+    }
+
+
+def _dependency_note(s: Setting) -> str:
+    if not raises_bound(s.dependency_bound_s, s.bound_s):
+        return ""
+    return (f" ({s.dependency_bound_s * 1e3:.1f} ms respecting when gradients exist and are needed: "
+            f"best {min(row.iteration_s for row in s.rows) / s.dependency_bound_s:.3f}x of it)")
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
+    work = workload(config.model, config.batch, config.device)
+    lines = []
+    for s in settings:
+        where = f"{s.bandwidth_bps / 1e9:.3g} Gbit/s per link (tc)" if s.limited else "loopback, NO bandwidth limit"
+        if s.calibration:
+            where += ", the balance point (" + " -> ".join(
+                f"{c['bandwidth_gbps']:.3g} Gbit/s: compute {c['compute_s'] * 1e3:.0f} / comm {c['comm_s'] * 1e3:.0f} ms"
+                for c in s.calibration) + ")"
+        arch = f" + {config.servers} parameter servers" if config.with_servers else ""
+        hosts = f" on {config.hosts} hosts of {config.procs_per_node}" if config.procs_per_node > 1 else ""
+        hosts += ", one torchrun per host" if config.launcher == "torchrun" else ""
+        lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch}{hosts} · {where}"
+                     + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
+        lines.append(f"  {work.description}")
+        if s.dilation != 1 or s.dilation_busy is not None:
+            tried = "; ".join(f"K={c['dilation']:g}: busiest run {_percent(c['host_cpu_busy_busiest_run'])}"
+                              for c in s.dilation_history or [])
+            chosen = "" if s.dilation_busy is None else (
+                f" (auto: communicating only kept the host {s.dilation_busy:.0%} busy undilated, target "
+                f"{AUTO_CPU_SHARE:.0%}; the runs themselves, target {AUTO_RUN_SHARE:.0%}: {tried or 'not measured'})")
+            lines.append(f"  time dilation K={s.dilation:g}{chosen}: replayed compute x{s.dilation:g}, links at "
+                         f"1/{s.dilation:g} of the rate, latency x{s.dilation:g}; every time shown divided by K "
+                         "(per-message CPU, Python and TCP timers are not scaled)")
+        if config.compression:
+            lines.append(f"  compression: gradsched's policies send {config.compression} (the bound is for uncompressed "
+                         "gradients; ddp-bf16/ddp-fp16 are DDP with the matching compression hook)")
+        lines.append(f"  measured: compute only {s.compute_s * 1e3:.1f} ms, communication only {s.comm_s * 1e3:.1f} ms,"
+                     f" bound {s.bound_s * 1e3:.1f} ms{_dependency_note(s)}; per message {s.latency_s * 1e3:.2f} ms alone,"
+                     f" {s.overhead_s * 1e3:.2f} ms pipelined")
+        if s.comm_wire_s is not None:
+            lines.append(f"  compressed: communication only {s.comm_wire_s * 1e3:.1f} ms in {config.compression},"
+                         f" casts {s.cast_s_per_byte * 1e9:.3g} ns per wire byte each way (the predictions use both)")
+        if s.comm_servers_s is not None:
+            lines.append(f"  through the servers: communication only {s.comm_servers_s * 1e3:.1f} ms"
+                         f" ({s.comm_servers_s / s.comm_s:.2f}x the link's time for these bytes)")
+        busy = [f"{_percent(cpu)} {what}" for cpu, what in ((s.cpu_compute, "computing only"),
+                (s.cpu_comm, "communicating only"), (s.cpu_comm_servers, "through the servers")) if cpu is not None]
+        if busy:
+            lines.append(f"  host CPUs busy: {', '.join(busy)} (the ranks and the network's kernel work share them)")
+        versus = f"vs {config.reference}"
+        width = max([14] + [len(row.policy) for row in s.rows])
+        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4}  plan")
+        for row in s.rows:
+            predicted = f"{row.predicted_s * 1e3:8.1f}ms" if row.predicted_s else f"{'-':>10}"
+            gain = row.speedup(config.reference)
+            speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
+            plan = row.plan
+            tuned = (row.reported.get("autotune") or {}).get("best_options")
+            if tuned and not is_buckets(plan):
+                plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
+                                         for k, v in tuned.items()) + ")"
+            lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
+                         f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4}  {plan}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
