@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from gradsched.bench.dilation import AUTO_CPU_SHARE, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation, undilate
+from gradsched.bench.dilation import AUTO_CPU_SHARE, AUTO_RUN_SHARE, auto_dilation, check_dilation, raised_dilation
+from gradsched.bench.results import RankReport, RunReport
 from gradsched.bench.config import BenchConfig
 from gradsched.bench.workloads import workload
 
@@ -28,20 +29,21 @@ def test_every_time_of_a_run_is_divided_by_k():
                                     "trial": {"policy_s": 0.3, "fifo_s": 0.6, "use_fifo": False},
                                     "autotune": {"best_s": 0.3, "default_s": None, "best_options": {"a": 3},
                                                  "confirm": {"options": {"a": 3}, "iteration_s": 0.9}}}}}
-    out = undilate(raw, 3.0)
-    assert out["compute"] == pytest.approx([0.1, 0.2]) and out["comm"] == pytest.approx([0.3])
-    assert out["comm_servers"] == pytest.approx([0.4])
-    assert (out["latency"], out["overhead"], out["cast_s_per_byte"]) == pytest.approx((1e-3, 2e-3, 1e-9))
-    assert (out["gradient_bytes"], out["world_size"], out["host_cpu"]) == (1000, 2, {"ddp": 0.4})  # not times
-    assert out["policies"]["ddp"] == {"times": pytest.approx([0.5, 1.0]), "bucket_cap_mb": 25}
-    prophet = out["policies"]["prophet"]
-    assert prophet["times"] == pytest.approx([0.3]) and prophet["plan"] == "prophet"
-    assert prophet["prediction"] == {"policy_s": pytest.approx(0.2), "fifo_s": pytest.approx(0.3), "separable": True}
-    assert prophet["trial"] == {"policy_s": pytest.approx(0.1), "fifo_s": pytest.approx(0.2), "use_fifo": False}
-    assert prophet["autotune"]["best_s"] == pytest.approx(0.1) and prophet["autotune"]["default_s"] is None
-    assert prophet["autotune"]["confirm"] == {"options": {"a": 3}, "iteration_s": pytest.approx(0.3)}
-    assert raw["comm"] == [0.9] and raw["policies"]["prophet"]["trial"]["policy_s"] == 0.3  # the input is kept
-    assert undilate(raw, 1.0) is raw
+    report = RankReport.from_json(raw)
+    out = report.undilated(3.0)
+    assert out.compute == pytest.approx([0.1, 0.2]) and out.comm == pytest.approx([0.3])
+    assert out.comm_servers == pytest.approx([0.4]) and out.comm_wire is None
+    assert (out.latency, out.overhead, out.cast_s_per_byte) == pytest.approx((1e-3, 2e-3, 1e-9))
+    assert (out.gradient_bytes, out.world_size, out.host_cpu) == (1000, 2, {"ddp": 0.4})  # not times
+    assert out.policies["ddp"] == RunReport(times=pytest.approx([0.5, 1.0]), bucket_cap_mb=25)
+    prophet = out.policies["prophet"]
+    assert prophet.times == pytest.approx([0.3]) and prophet.plan == "prophet"
+    assert prophet.prediction == {"policy_s": pytest.approx(0.2), "fifo_s": pytest.approx(0.3), "separable": True}
+    assert prophet.trial == {"policy_s": pytest.approx(0.1), "fifo_s": pytest.approx(0.2), "use_fifo": False}
+    assert prophet.autotune["best_s"] == pytest.approx(0.1) and prophet.autotune["default_s"] is None
+    assert prophet.autotune["confirm"] == {"options": {"a": 3}, "iteration_s": pytest.approx(0.3)}
+    assert report.comm == [0.9] and report.policies["prophet"].trial["policy_s"] == 0.3  # the input is kept
+    assert report.undilated(1.0) is report
 
 
 @pytest.mark.parametrize("busy, k", [(None, 1), (0.1, 1), (AUTO_CPU_SHARE, 1), (0.36, 2), (0.7, 2), (0.71, 3),
@@ -128,9 +130,10 @@ def test_auto_calibrates_on_the_runs_themselves(monkeypatch):
 
     def measured(config, bandwidth, progress, emulated=True, runs=None, iters=None):
         ran.append((float(config.dilation), tuple(runs) if runs is not None else None))
+        base = dict(compute=[1.0], comm=[1.0], latency=1e-3, overhead=1e-3, gradient_bytes=1, world_size=2)
         if runs == ():
-            return {"host_cpu": {COMM_ONLY: 0.5}}
-        return {"host_cpu": {"ddp": 0.3, "prophet": {2.0: 0.75, 4.0: 0.40}[float(config.dilation)]}}
+            return RankReport(**base, host_cpu={COMM_ONLY: 0.5})
+        return RankReport(**base, host_cpu={"ddp": 0.3, "prophet": {2.0: 0.75, 4.0: 0.40}[float(config.dilation)]})
 
     monkeypatch.setattr(calibration, "measure", measured)
     config = BenchConfig(model="replay-mini", dilation="auto", policies=("ddp", "prophet"), bandwidths_bps=(1e9,))

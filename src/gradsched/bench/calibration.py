@@ -27,14 +27,14 @@ def choose_dilation(config: BenchConfig, progress: Callable[[str], None] | None 
         progress(f"dilation: calibrating{where}, communication only")
     undilated = dataclasses.replace(config, dilation=1.0)
     raw = measure(undilated, fastest, lambda message: None, runs=(), iters=CALIBRATION_ITERS)
-    busy = raw.get("host_cpu", {}).get(COMM_ONLY)
+    busy = raw.host_cpu.get(COMM_ONLY)
     k, history = auto_dilation(busy), []
     for _ in range(AUTO_RAISES):
         if progress:
             progress(f"dilation: calibrating{where} at K={k}, the runs themselves")
         trying = dataclasses.replace(config, dilation=float(k))
         raw = measure(trying, fastest, lambda message: None, iters=CALIBRATION_ITERS)
-        shares = [raw.get("host_cpu", {}).get(run.name) for run in config.runs]
+        shares = [raw.host_cpu.get(run.name) for run in config.runs]
         busiest = max((s for s in shares if s is not None), default=None)
         history.append({"dilation": k, "host_cpu_busy_busiest_run": busiest})
         raised = raised_dilation(k, busiest)

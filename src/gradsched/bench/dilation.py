@@ -27,17 +27,11 @@ got K=2, where the policies' runs kept the host 47-75% busy (docs/bench.md).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 AUTO_CPU_SHARE = 0.35  # what --dilation auto keeps the host's CPUs under while communicating only
 AUTO_RUN_SHARE = 0.45  # ... and the busiest of the dilated runs themselves
 AUTO_RAISES = 2  # how many times the runs may raise K
 MAX_DILATION = 20.0
-
-_SERIES = ("compute", "comm", "comm_servers", "comm_wire")  # lists of seconds in a run's raw figures
-_SCALARS = ("latency", "overhead", "cast_s_per_byte")
-_REPORTS = {"prediction": ("compute_s", "latency_s", "overhead_s", "comm_s", "policy_s", "fifo_s"),
-            "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s")}
 
 
 def check_dilation(dilation: float | str, replay: bool) -> None:
@@ -70,29 +64,3 @@ def raised_dilation(k: float, busiest: float | None) -> int | None:
     if busiest is None or busiest <= AUTO_RUN_SHARE or k >= MAX_DILATION:
         return None
     return int(min(MAX_DILATION, max(k + 1, math.ceil(k * busiest / AUTO_RUN_SHARE - 1e-9))))
-
-
-def undilate(raw: dict[str, Any], k: float) -> dict[str, Any]:
-    """A run's raw figures (what rank 0 reports) with every time divided by ``k``."""
-    if k == 1:
-        return raw
-    out = dict(raw)
-    for key in _SERIES:
-        if key in out:
-            out[key] = [t / k for t in out[key]]
-    for key in _SCALARS:
-        if out.get(key) is not None:
-            out[key] = out[key] / k
-    out["policies"] = {policy: _undilate_result(result, k) for policy, result in raw.get("policies", {}).items()}
-    return out
-
-
-def _undilate_result(result: dict[str, Any], k: float) -> dict[str, Any]:
-    out = dict(result, times=[t / k for t in result["times"]])
-    for report, fields in _REPORTS.items():
-        if isinstance(out.get(report), dict):
-            out[report] = {f: (v / k if f in fields and v is not None else v) for f, v in out[report].items()}
-    confirm = (out.get("autotune") or {}).get("confirm")
-    if isinstance(confirm, dict) and confirm.get("iteration_s") is not None:
-        out["autotune"]["confirm"] = dict(confirm, iteration_s=confirm["iteration_s"] / k)
-    return out

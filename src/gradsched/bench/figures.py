@@ -15,6 +15,7 @@ from ..sim import dependency_bound, link_cluster, predict, scaled
 from ..sim.fsdp import fsdp_iteration_s
 from .config import BASELINES, FSDP2, BenchConfig
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
+from .results import RankReport, RunReport
 from .workloads import workload
 
 
@@ -32,8 +33,7 @@ class Row:
     speedup_vs_fifo: float | None = None  # parameter servers: against fifo through them
     predicted_s: float | None = None  # the simulator's, for what ran
     host_cpu_busy: float | None = None
-    reported: dict[str, Any] = field(default_factory=dict)  # what the rank reported besides its times (plan,
-    #   trial, autotune, optimizer_state_bytes, bucket_cap_mb, peak_memory_bytes, ...)
+    report: RunReport = field(default_factory=lambda: RunReport([]))  # what the rank reported of the run
 
     @property
     def ratio_to_bound(self) -> float:
@@ -45,9 +45,9 @@ class Row:
     @property
     def plan(self) -> str:
         """What it ran at the end: the policy's plan, or a DDP baseline's bucket size."""
-        if self.reported.get("plan"):
-            return self.reported["plan"]
-        return f"buckets {self.reported['bucket_cap_mb']} MB" if "bucket_cap_mb" in self.reported else ""
+        if self.report.plan:
+            return self.report.plan
+        return f"buckets {self.report.bucket_cap_mb} MB" if self.report.bucket_cap_mb is not None else ""
 
     def as_json(self, with_servers: bool) -> dict[str, Any]:
         data = {"policy": self.policy, "bandwidth_gbps": self.bandwidth_gbps, "iteration_s": self.iteration_s,
@@ -55,7 +55,8 @@ class Row:
                 "ratio_to_dependency_bound": self.ratio_to_dependency_bound, "speedup_vs_ddp": self.speedup_vs_ddp}
         if with_servers:
             data["speedup_vs_fifo"] = self.speedup_vs_fifo
-        return {**data, "predicted_s": self.predicted_s, "host_cpu_busy": self.host_cpu_busy, **self.reported}
+        return {**data, "predicted_s": self.predicted_s, "host_cpu_busy": self.host_cpu_busy,
+                **self.report.described()}
 
 
 @dataclass
@@ -86,41 +87,41 @@ class Setting:
         return max(self.compute_s, self.comm_s)
 
 
-def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: dict) -> Setting:
+def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: RankReport) -> Setting:
     """The figures of one bandwidth from rank 0's ``raw`` result: the bound, and a row per run."""
-    compute = statistics.median(raw["compute"])
-    ring = statistics.median(raw["comm"])
+    compute = statistics.median(raw.compute)
+    ring = statistics.median(raw.comm)
     # the link as measured: latency and per-message overhead from tiny messages, and the
     # cost per byte from the communication-only time (a ring all-reduce among the workers)
-    link = MeasuredLink(raw["latency"], raw["overhead"], ring / raw["gradient_bytes"])
+    link = MeasuredLink(raw.latency, raw.overhead, ring / raw.gradient_bytes)
     cluster = link_cluster(link, config.workers, config.servers)
     # with parameter servers every byte is pushed once and pulled once, each server link
     # carrying max(1, W/S) of a worker's share: the same bound as the simulator's
-    comm = cluster.comm_time(raw["gradient_bytes"]) if config.with_servers else ring
-    host_cpu = raw.get("host_cpu", {})
-    setting = Setting(bandwidth, limited, compute, comm, raw["latency"], raw["overhead"],
+    comm = cluster.comm_time(raw.gradient_bytes) if config.with_servers else ring
+    host_cpu = raw.host_cpu
+    setting = Setting(bandwidth, limited, compute, comm, raw.latency, raw.overhead,
                       cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
-                      comm_servers_s=statistics.median(raw["comm_servers"]) if "comm_servers" in raw else None,
+                      comm_servers_s=statistics.median(raw.comm_servers) if raw.comm_servers else None,
                       cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
-                      comm_wire_s=statistics.median(raw["comm_wire"]) if "comm_wire" in raw else None,
-                      cast_s_per_byte=raw.get("cast_s_per_byte"))
+                      comm_wire_s=statistics.median(raw.comm_wire) if raw.comm_wire else None,
+                      cast_s_per_byte=raw.cast_s_per_byte)
     predicting = cluster  # where gradsched's runs are predicted: compressed ones on the wire dtype's rate, with casts
     if setting.comm_wire_s is not None:
-        wire_link = MeasuredLink(raw["latency"], raw["overhead"], setting.comm_wire_s / (raw["gradient_bytes"] / 2),
+        wire_link = MeasuredLink(raw.latency, raw.overhead, setting.comm_wire_s / (raw.gradient_bytes / 2),
                                  setting.cast_s_per_byte)
         predicting = link_cluster(wire_link, config.workers, config.servers)
-    medians = {p: statistics.median(r["times"]) for p, r in raw["policies"].items()}
+    medians = {p: statistics.median(r.times) for p, r in raw.policies.items()}
     reference = medians.get("fifo") if config.with_servers else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)
     if work.table is not None:
         setting.dependency_bound_s = dependency_bound(scaled(work.table, compute), cluster.comm_time)
-    for policy, result in raw["policies"].items():
+    for policy, result in raw.policies.items():
         speedup = reference / medians[policy] if reference else None
         row = Row(policy, None if bandwidth is None else bandwidth / 1e9, medians[policy], setting.bound_s,
                   medians[policy] / setting.dependency_bound_s if setting.dependency_bound_s else None,
                   speedup_vs_ddp=None if config.with_servers else speedup,
                   speedup_vs_fifo=speedup if config.with_servers else None, host_cpu_busy=host_cpu.get(policy),
-                  reported={k: v for k, v in result.items() if k != "times"})
+                  report=result)
         run = config.run_named(policy)
         base = run.policy
         # predict what actually ran (the simulator does not model clipping's wait for every reduction)
@@ -139,15 +140,15 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: di
     return setting
 
 
-def _ran(config: BenchConfig, run: Run, result: dict, wire_ratio: float) -> PolicyConfig:
+def _ran(config: BenchConfig, run: Run, result: RunReport, wire_ratio: float) -> PolicyConfig:
     """The policy configuration the run ended on (the fallback's buckets after losing its
     trial: DDP's, with caps scaled to wire bytes; tuned options)."""
     base = run.policy
-    ran = result.get("plan") or base
+    ran = result.plan or base
     if is_buckets(ran) and not is_buckets(base):
         return FifoConfig.ddp_buckets(wire_ratio=wire_ratio)
     options = config.policy_options(ran) if ran == base else {}
-    tuned = (result.get("autotune") or {}).get("best_options")
+    tuned = (result.autotune or {}).get("best_options")
     if tuned and ran == base:
         options = {**options, **tuned}
     return policy_config(ran, **options)

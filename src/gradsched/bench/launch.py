@@ -9,10 +9,10 @@ import threading
 from typing import Callable, Sequence
 
 from .config import BASELINES, BenchConfig
-from .dilation import undilate
 from .netns import EmulatedCluster
 from .processes import Processes, free_port, read_result, starts
 from .protocol import Run, WorkerConfig
+from .results import RankReport
 
 
 def payload(config: BenchConfig, runs: Sequence[Run] | None, iters: int | None) -> str:
@@ -27,7 +27,7 @@ def payload(config: BenchConfig, runs: Sequence[Run] | None, iters: int | None) 
 
 
 def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
-           runs: Sequence[Run] | None = None, iters: int | None = None) -> dict:
+           runs: Sequence[Run] | None = None, iters: int | None = None) -> RankReport:
     """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
     port = free_port() if cluster is None else 29500 + os.getpid() % 1000
     master = "127.0.0.1" if cluster is None else cluster.addresses[0]
@@ -51,7 +51,7 @@ def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Calla
         failure = processes.failure(result)
         if failure is not None:
             raise RuntimeError(failure)
-        return result
+        return RankReport.from_json(result)
     finally:
         watchdog.cancel()
         processes.close()
@@ -61,12 +61,12 @@ def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Calla
 
 
 def measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[dict], None], emulated: bool = True,
-            runs: Sequence[Run] | None = None, iters: int | None = None) -> dict:
+            runs: Sequence[Run] | None = None, iters: int | None = None) -> RankReport:
     """One run of the ranks at ``bandwidth`` (on loopback unless ``emulated``), dilated by the
     config's K (links 1/K as fast, latency K times as long) and its times divided by K."""
     k = float(config.dilation)
     if not emulated:
-        return undilate(launch(config, None, progress, runs, iters), k)
+        return launch(config, None, progress, runs, iters).undilated(k)
     rate = None if bandwidth is None else bandwidth / k
     with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu) as cluster:
-        return undilate(launch(config, cluster, progress, runs, iters), k)
+        return launch(config, cluster, progress, runs, iters).undilated(k)

@@ -104,7 +104,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
             gain = row.speedup(config.reference)
             speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.plan
-            tuned = (row.reported.get("autotune") or {}).get("best_options")
+            tuned = (row.report.autotune or {}).get("best_options")
             if tuned and not is_buckets(plan):
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
                                          for k, v in tuned.items()) + ")"
