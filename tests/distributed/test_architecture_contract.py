@@ -4,8 +4,9 @@ third rank serving under ``ps``): plain steps with two parameter groups and a sc
 ``step(closure)``, ``no_sync()``, ``require_backward_grad_sync``, clipping, uneven inputs,
 communication hooks, compression, checkpoints resumed in a fresh wrap; under ``reducer``
 (all-reduce whose trial keeps the buckets) every scenario runs past the hand-off to DDP's
-reducer, ``step(closure)`` included. What an architecture refuses is listed below with its
-reason, and must be refused with a clear error; everything else must equal DDP.
+reducer, ``step(closure)`` included, and the plane it retired has stopped its threads. What
+an architecture refuses is listed below with its reason, and must be refused with a clear
+error; everything else must equal DDP.
 
 Tolerance: 1e-6 absolute (parameters of order 1), compressed runs included: against DDP with
 PyTorch's bf16 hook, which under sharding steps fp32 masters of parameters that every forward
@@ -68,6 +69,7 @@ def check(reports: list[dict], arch: str) -> None:
             assert entry["diff"] <= TOLERANCE, f"{where}: {entry['diff']} from DDP"
             if arch == "reducer" and policy != "fifo" and scenario not in NO_HANDOFF:  # fifo: nothing to measure
                 assert entry["handed_off"] is not None, f"{where}: never handed off to DDP's reducer"
+            assert entry["plane_threads"] == [], f"{where}: the retired plane's threads still run"
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

@@ -8,7 +8,8 @@ PyTorch's DDP (with the same optimizer, scheduler, hook) trained in the same pro
 after the first rounds: every scenario then runs past the hand-off). Two workers train; DDP's
 reference trains on the workers' group. Each rank writes OUT.rank{r}.json: for every
 ``policy/scenario``, the largest difference from DDP's parameters (``diff``), or the error it
-raised (``error``), the hand-off's round (``handed_off``) and the steps run.
+raised (``error``), the hand-off's round (``handed_off``) and the data plane's threads still
+alive at the end of a run that handed off (``plane_threads``: none, the plane retired).
 
 Scenarios:
   steps      AdamW with two parameter groups and StepLR, a LayerNorm in the model
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import traceback
 from contextlib import nullcontext
 
@@ -41,6 +43,7 @@ import gradsched
 from gradsched.runtime.comm.compression import ddp_hook
 from workers.launch import finish
 
+PLANE_THREADS = {"gradsched-launcher", "gradsched-completion", "gradsched-completion-end"}
 SCENARIOS = ("steps", "closure", "no_sync", "grad_sync", "clip", "uneven", "hook", "compress", "checkpoint")
 STEPS = 6
 
@@ -90,6 +93,7 @@ class Run:
         self.arch, self.policy, self.workers, self.rank = arch, policy, workers, rank
         self.steps = 12 if arch == "reducer" else STEPS  # the reducer's: past the hand-off (after round 8)
         self.handed_off = None
+        self.plane_threads: list[str] = []  # the data plane's threads alive after a hand-off
 
     def options(self, **extra) -> dict:
         base = dict(profile_rounds=1, replan_every=0, trial_rounds=3, trial_pairs=1, fallback=False, timeout=60.0)
@@ -109,6 +113,8 @@ class Run:
 
     def close(self, scheduled) -> None:
         self.handed_off = scheduled.stats.handed_off_round or self.handed_off
+        if scheduled.stats.handed_off_round is not None:  # the plane retired: its threads stopped
+            self.plane_threads += [t.name for t in threading.enumerate() if t.name in PLANE_THREADS]
         scheduled.close()
 
 
@@ -212,6 +218,8 @@ def grad_sync_side(run: Run, ours: bool) -> dict | None:
     finally:
         if ours:
             run.handed_off = model.stats.handed_off_round or run.handed_off
+            if model.stats.handed_off_round is not None:
+                run.plane_threads += [t.name for t in threading.enumerate() if t.name in PLANE_THREADS]
             model.close()
 
 
@@ -275,6 +283,7 @@ def main() -> None:
                 if not isinstance(exc, gradsched.GradschedError):
                     traceback.print_exc()
             entry["handed_off"], run.handed_off = run.handed_off, None
+            entry["plane_threads"], run.plane_threads = run.plane_threads, []
             report[f"{policy}/{name}"] = entry
             dist.barrier()  # every rank, the server too, finished the scenario
     with open(f"{args.out}.rank{rank}.json", "w") as f:
