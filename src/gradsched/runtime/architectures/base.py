@@ -54,7 +54,8 @@ class Stepping(Protocol):
         what it reads (the Dependency Proxy). Whether it had to wait for anything."""
 
     def synchronize(self) -> None:
-        """Every reduction complete and every update applied."""
+        """What must be waited for beyond the reductions and pending updates the plane settles
+        first (sharded: the parameters' all-gathers)."""
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
@@ -64,7 +65,8 @@ class Stepping(Protocol):
         """``clip_grad_value_`` over the averaged gradients."""
 
     def full_state_dict(self) -> dict:
-        """The optimizer's ``state_dict()`` as the same optimizer holds it without this architecture."""
+        """The optimizer's ``state_dict()`` as the same optimizer holds it without this architecture
+        (called once everything is synchronized)."""
 
 
 class Backend(Protocol):

@@ -30,7 +30,7 @@ class ReplicatedStepping:
 
     def step(self, snapshot: Snapshot, plan: Any) -> None:
         if not plan.cross_barrier:  # like DDP: wait, then update all
-            self.synchronize()
+            self.updates.wait_and_apply(self.everything, "all parameters")
             self.updates.apply_now(self.everything, snapshot)
             return
         # every gradient the optimizer would see, as DDP's does: one no rank used in the latest
@@ -45,7 +45,7 @@ class ReplicatedStepping:
         return True
 
     def synchronize(self) -> None:
-        self.updates.wait_and_apply(self.everything, "all parameters")
+        """Nothing beyond the updates the plane applies: the parameters are the reduced results'."""
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
@@ -54,6 +54,5 @@ class ReplicatedStepping:
     def clip_value(self, value: float) -> None:
         self.handover.clip_value(value)
 
-    def full_state_dict(self) -> dict:
-        self.synchronize()
+    def full_state_dict(self) -> dict:  # the coordinator synchronized first
         return self.updates.optimizer.state_dict()

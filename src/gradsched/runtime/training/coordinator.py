@@ -78,7 +78,7 @@ class Coordinator:
         self.replaced = False  # closed because a later wrap of the same model took over
         self._closed = False
         self.handed_off_round: int | None = None
-        self._hand_off = False  # the trial kept the buckets: hand them over at the next step()
+        self._successor: Architecture | None = None  # the trial kept the buckets: what takes them at the next step()
         self.backend: Backend = architecture.open(self)  # the one reducing now
         self._handles: list[Any] = []
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
@@ -151,7 +151,7 @@ class Coordinator:
     def step(self) -> None:
         self.check_in_use("optimizer.step()")
         self.backend.step()
-        if self._hand_off:
+        if self._successor is not None:
             self._hand_off_buckets()
 
     def step_unscheduled(self) -> None:
@@ -159,15 +159,14 @@ class Coordinator:
         self.backend.updates.step_others(self.index)
 
     def buckets_kept(self) -> None:  # every rank, one control point; inside join() no rank steps at one point
-        self._hand_off = (not self.backend.uneven.enabled and
-                          self.architecture.handed_off(self.config, self.world_size) is not None)
+        if not self.backend.uneven.enabled:
+            self._successor = self.architecture.handed_off(self.config, self.world_size)
 
     def _hand_off_buckets(self) -> None:
         """The architecture the buckets go to (DDP's C++ reducer: :mod:`gradsched.runtime.architectures.reducer`)
         reduces from the next backward pass on; gradsched's plane stops."""
-        self._hand_off = False
         self.synchronize()
-        self.architecture = self.architecture.handed_off(self.config, self.world_size)
+        self.architecture, self._successor = self._successor, None
         self.backend = self.architecture.open(self)
         self.handed_off_round = self.round + 1
 
