@@ -206,7 +206,8 @@ def test_examples_run_under_torchrun(tmp_path, script, nproc, extra, expected):
 
 def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
     """The measured trial keeps the buckets for certain (fallback_gain=0.99); every rank hands
-    them to DDP's C++ reducer in the same step, the one after the decision, and from then on
+    them to DDP's C++ reducer after the same step, the one after the decision (at zero_grad()
+    through gradsched's optimizer, else as the next forward pass begins), and from then on
     DDP reduces: the parameters and BatchNorm buffers equal DDP's, no_sync() accumulation
     and an uneven epoch under join() after the hand-off included, through both APIs; the
     user's module keeps its class."""
@@ -222,3 +223,5 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
             uneven = 4 if rank == 0 else 1  # backward passes of the uneven epoch on this rank
             assert result["rounds"] == 24 + uneven and result["class"] == "Net", (api, result)
             assert result["checksum"] == ranks[0][api]["checksum"]
+            # one gradient buffer: the gradients are views of DDP's buckets (fewer storages than gradients)
+            assert result["grad_storages"] < result["grads"], (api, result)

@@ -26,3 +26,32 @@ def test_the_layout_of_a_plan_no_round_follows_is_dropped_at_the_next_request():
     versions.forget_before(3)  # the launcher is at round 3: nothing follows the first plan
     assert layouts.of(versions.for_round(3)) is second
     assert list(layouts._made) == [2]  # the first plan's buffer (as large as the gradients) let go
+
+
+def test_every_plan_lays_its_messages_over_the_same_homes_one_buffer_for_the_run():
+    params = [torch.zeros(4), torch.zeros(2), torch.zeros(3)]
+    index = {"a": 0, "b": 1, "c": 2}
+    versions = PlanVersions(plan((("c", 0, 3), ("b", 0, 2)), (("a", 0, 4),)))
+    layouts = Layouts(index, params, versions)
+    first = layouts.of(versions.for_round(1))
+    versions.adopt(plan((("a", 0, 4),), (("b", 0, 2), ("c", 0, 3)), (("c", 0, 1),)), first_round=2)
+    second = layouts.of(versions.for_round(2))
+    assert all(first.homes[i] is second.homes[i] for i in range(3))  # the same memory under both plans
+    assert sorted(first.fused) == [0, 1]
+    # b then c is not their order in the homes (c, b, a: the first plan's): copied; a slice of c is a view
+    assert sorted(second.fused) == [0, 2]
+    assert second.fused[2].data_ptr() == first.homes[2].data_ptr()
+    layouts.clear()
+    assert layouts._homes is None
+
+
+def test_the_homes_are_chunks_of_about_the_bucket_size_cut_at_tensors_bounds():
+    params = [torch.zeros(8), torch.zeros(8), torch.zeros(20), torch.zeros(2)]
+    index = {"a": 0, "b": 1, "c": 2, "d": 3}
+    versions = PlanVersions(plan((("a", 0, 8), ("b", 0, 8)), (("c", 0, 20), ("d", 0, 2))))
+    layouts = Layouts(index, params, versions, chunk_bytes=64)  # 16 floats a chunk
+    layout = layouts.of(versions.for_round(1))
+    storages = [layout.homes[i].untyped_storage().data_ptr() for i in range(4)]
+    # a + b fill one chunk; c alone is larger than a chunk and gets its own; d starts another
+    assert storages[0] == storages[1] and len(set(storages)) == 3
+    assert sorted(layout.fused) == [0]  # c and d lie in different chunks: that message is copied

@@ -3,7 +3,10 @@
 trains as DDP does, through both APIs, no_sync(), global-norm clipping, ``step(closure)`` and
 BatchNorm buffers included, and an
 epoch of uneven inputs under join() at the end (rank 0 has 3 more batches than rank 1:
-DDP's own join, the joined rank shadowing with zeros).
+DDP's own join, the joined rank shadowing with zeros). The hand-off waits for the gradients
+to be let go: in the wrap API's loop, at its optimizer's ``zero_grad()``; in the DDP API's
+(a plain torch optimizer), as the next forward pass begins; DDP's reducer then holds them
+as views of its buckets.
 
     python -m workers.handoff OUT.json
 """
@@ -76,7 +79,9 @@ def main() -> None:
         with joinable.join():
             run(model, opt, uneven(rank), no_sync, clip)
         s = stats()
-        report[api] = {**against(net, reference, initial), "handed_off_round": s.handed_off_round,
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        report[api] = {**against(net, reference, initial),
+                       "grad_storages": len({g.untyped_storage().data_ptr() for g in grads}), "grads": len(grads), "handed_off_round": s.handed_off_round,
                        "settled_round": s.settled_round, "rounds": s.rounds, "plan_policy": s.plan_policy,
                        "trial": s.as_dict()["trial"], "class": type(net).__name__}
         (opt if api == "wrap" else model).close()

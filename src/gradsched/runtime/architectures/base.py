@@ -95,6 +95,10 @@ class Backend(Protocol):
     def full_state_dict(self) -> dict: ...
     def idle(self) -> bool: ...
 
+    def opened_in_forward(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """What its own forward pre-hook would have done for the forward pass that is starting
+        (it was opened in that pass's first pre-hook, after its own hooks were chosen)."""
+
     def close(self, wait: bool) -> None:
         """Detach; with ``wait``, first finish the communication in flight."""
 

@@ -15,7 +15,9 @@ their pickling. The optimizer steps every parameter at once (the reduction finis
 backward, as under DDP); ``no_sync()`` and ``join()`` are DDP's.
 
 DDP is built on gradsched's data group (the user's backend) without the initial broadcast
-(the parameters are equal on every rank already), with the fallback's bucket size, buffer
+(the parameters are equal on every rank already), with gradients as views of its buckets
+(``gradient_as_bucket_view``: it moves each gradient in, so the run holds one gradient
+buffer, as it did on gradsched's plane), with the fallback's bucket size, buffer
 sync and unused-parameter search, and with compression, PyTorch's matching hook (gradsched's
 equivalent on CPU).
 """
@@ -64,7 +66,7 @@ class TorchReducer:
         self.ddp = DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None, process_group=group,
             bucket_cap_mb=config.bucket_cap_mb, find_unused_parameters=config.find_unused_parameters,
-            init_sync=False, **buffers)
+            init_sync=False, gradient_as_bucket_view=True, **buffers)
         wire = wire_dtype(config.compression)
         if comm_hook is not None:  # the user's, its state already on gradsched's data group
             state, hook = comm_hook
@@ -73,10 +75,10 @@ class TorchReducer:
             self.ddp.register_comm_hook(group, ddp_hook(wire))
         self.sync(syncing)
         self.life = life  # the run's rounds: a forward pass whose backward pass will sync opens one
-        self._handles = [model.register_forward_pre_hook(Hook(self._before), with_kwargs=True),
+        self._handles = [model.register_forward_pre_hook(Hook(self.before), with_kwargs=True),
                          model.register_forward_hook(Hook(self._after))]
 
-    def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         self.life.active_at = time.monotonic()
         if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
             self.life.close()
@@ -139,6 +141,9 @@ class ReducerBackend:
 
     def attach(self) -> None:
         """Nothing: the reducer's hooks are on from its construction."""
+
+    def opened_in_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return self.reducer.before(module, args, kwargs)
 
     def step(self) -> None:  # DDP's reducer finished every reduction inside backward
         self.life.close()

@@ -40,7 +40,7 @@ def open_data_plane(architecture: Architecture, names: Sequence[str], params: Se
     try:
         transport = architecture.transport(topology, names, params, versions, config, device, comm_hook)
         exchange = Exchange(tensors, params, versions, transport, device, config.timeout, on_event,
-                            architecture.layout())
+                            architecture.layout(), chunk_bytes=int(config.bucket_cap_mb * 2**20))
     except BaseException:
         device.close()
         raise

@@ -53,6 +53,7 @@ class Exchange:
         timeout_s: float,
         on_event: Callable[..., None] | None = None,
         layout: Callable[[Plan], Any] | None = None,
+        chunk_bytes: int | None = None,
     ) -> None:
         self.board = board = Board(tensors, like, device)
         self.tensors = board.tensors
@@ -61,7 +62,7 @@ class Exchange:
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
-        self._layouts = Layouts(board.index, board.like, versions, layout)
+        self._layouts = Layouts(board.index, board.like, versions, layout, chunk_bytes)
         completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()

@@ -64,12 +64,12 @@ class RoundState:
 _ANY_ROUND = "any round"  # what the launcher waits for between rounds
 
 
-def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> torch.Tensor:
+def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> None:
     """A message that travelled in a copy: its result back where it belongs (the gradients it
-    was made of; under sharding, this rank's shard of them)."""
+    was made of; under sharding, this rank's shard of them). Returns nothing: the future it
+    completes holds no copy (a future can outlive its message in a thread of the backend's)."""
     future.value()  # raises if the transport failed
     unflatten_into(views, result)
-    return result
 
 
 class Launcher:

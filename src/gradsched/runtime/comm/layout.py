@@ -1,10 +1,17 @@
-"""Where the gradients live under one plan: flat buffers that fused messages reduce in place.
+"""Where the gradients live: one flat buffer per dtype and device for the whole run, which
+the messages of every plan reduce in place where they can.
 
-Each plan gets one flat buffer per dtype and device. Every gradient is a contiguous view of
-it (its *home*), gradients in the order the plan first sends them. A message whose slices
-are consecutive in that order is a view of the buffer too and is reduced in place: no copy
-in at launch, no copy back. Others (a block that skipped ahead to fill its budget, mixed
-dtypes) are copied into a temporary buffer and back.
+Every gradient has a fixed *home* in it, a contiguous view, the gradients in the order the
+first plan made sends them (the order the backward pass gives them, near enough), whatever
+plans follow: one gradient buffer is alive at a time, also while two plans are in use (a
+re-plan, the measured trial's two arms), as DDP's buckets with ``gradient_as_bucket_view``.
+The buffer is cut, at tensors' bounds, into chunks of about DDP's bucket size, each its own
+allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
+and never hold two copies of them.
+A message whose slices are consecutive in the buffer is a view of it and is reduced in place:
+no copy in at launch, no copy back. Others (a block that skipped ahead to fill its budget, a
+plan whose order differs from the first one's, mixed dtypes) are copied into a temporary
+buffer and back: memory held only while the message is in flight.
 """
 
 from __future__ import annotations
@@ -18,29 +25,48 @@ from gradsched.core.plan import Plan, PlannedMessage
 from gradsched.runtime.comm.broadcast import flat_by_dtype
 from gradsched.runtime.comm.plans import Adopted, PlanVersions
 
-BufferKey = tuple[torch.dtype, torch.device]
+BufferKey = tuple[torch.dtype, torch.device, int]  # dtype, device, chunk
 
 
-class BufferLayout:
-    def __init__(self, plan: Plan, index: Mapping[str, int], like: Sequence[torch.Tensor]) -> None:
+class GradientHomes:
+    """The flat buffers and every gradient's place in them, laid out once (in ``plan``'s order)."""
+
+    def __init__(self, plan: Plan, index: Mapping[str, int], like: Sequence[torch.Tensor],
+                 chunk_bytes: int | None = None) -> None:
         """``index``: tensor name -> position in ``like``; ``like``: the parameters (shape,
-        dtype and device of each gradient)."""
-        self.plan = plan
+        dtype and device of each gradient); a chunk closes before a tensor that would take it
+        past ``chunk_bytes`` (None: one chunk per dtype and device)."""
         order: list[int] = []
         for message in plan.messages:
             for name in message.tensors:
                 if index[name] not in order:
                     order.append(index[name])
         sizes: dict[BufferKey, int] = {}
-        place: dict[int, tuple[BufferKey, int]] = {}  # tensor -> (buffer key, first element)
+        open_chunk: dict[tuple[torch.dtype, torch.device], int] = {}
+        self.place: dict[int, tuple[BufferKey, int]] = {}  # tensor -> (buffer key, first element)
         for i in order:
-            key = (like[i].dtype, like[i].device)
-            place[i] = (key, sizes.get(key, 0))
-            sizes[key] = sizes.get(key, 0) + like[i].numel()
-        flat = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
-        self.homes: dict[int, torch.Tensor] = {
-            i: flat[key][start : start + like[i].numel()].view_as(like[i]) for i, (key, start) in place.items()
-        }
+            kind = (like[i].dtype, like[i].device)
+            chunk = open_chunk.setdefault(kind, 0)
+            used = sizes.get((*kind, chunk), 0)
+            if chunk_bytes is not None and used and (used + like[i].numel()) * like[i].element_size() > chunk_bytes:
+                chunk = open_chunk[kind] = chunk + 1
+                used = 0
+            key = (*kind, chunk)
+            self.place[i] = (key, used)
+            sizes[key] = used + like[i].numel()
+        self.flat = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+        self.of: dict[int, torch.Tensor] = {
+            i: self.flat[key][start : start + like[i].numel()].view_as(like[i])
+            for i, (key, start) in self.place.items()}
+
+
+class BufferLayout:
+    """A plan over the gradients' homes: which of its messages are a range of a flat buffer."""
+
+    def __init__(self, plan: Plan, index: Mapping[str, int], homes: GradientHomes) -> None:
+        self.plan = plan
+        self.homes = homes.of
+        place = homes.place
         self.fused: dict[int, torch.Tensor] = {}  # message -> its range of a flat buffer
         for k, message in enumerate(plan.messages):
             ranges = [(place[index[name]][0], place[index[name]][1] + offset, numel)
@@ -48,7 +74,7 @@ class BufferLayout:
             key = ranges[0][0]
             consecutive = all(a[1] + a[2] == b[1] for a, b in zip(ranges, ranges[1:]))
             if consecutive and all(r[0] == key for r in ranges):
-                self.fused[k] = flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]
+                self.fused[k] = homes.flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]
 
     def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list | None, list | None]:
         """Message ``k``'s buffers (``grads``: the gradients of its slices, in order): (the
@@ -67,27 +93,36 @@ class BufferLayout:
 
 class Layouts:
     """The layout of every plan a round may still follow, made when first asked for (by the
-    training thread, for homes, or by the launcher) and dropped with the plan."""
+    training thread, for homes, or by the launcher) and dropped with the plan; the homes, laid
+    out by the first plan asked for, kept until :meth:`clear`."""
 
     def __init__(self, index: Mapping[str, int], like: Sequence[torch.Tensor], versions: PlanVersions,
-                 make: Callable[[Plan], Any] | None = None) -> None:
+                 make: Callable[[Plan], Any] | None = None, chunk_bytes: int | None = None) -> None:
         self.index = index
         self.like = like
+        self.chunk_bytes = chunk_bytes
         self.versions = versions  # read under the exchange's lock, which callers hold
-        self.make = make or (lambda plan: BufferLayout(plan, index, like))  # a plan's layout (sharded: its own)
+        self.make = make  # a plan's layout where the architecture has its own (sharded); else over the homes
         self._lock = threading.Lock()
         self._made: dict[int, BufferLayout] = {}  # plan version -> layout
+        self._homes: GradientHomes | None = None  # laid out by the first plan, kept for the run
+
+    def _over_homes(self, plan: Plan) -> BufferLayout:
+        if self._homes is None:
+            self._homes = GradientHomes(plan, self.index, self.like, self.chunk_bytes)
+        return BufferLayout(plan, self.index, self._homes)
 
     def of(self, adopted: Adopted) -> BufferLayout:
         with self._lock:
-            # the layouts of plans no round follows any more go at once (each holds a flat
-            # buffer as large as the gradients), not when the next plan's is made
+            # the layouts of plans no round follows any more go (the homes stay)
             self._made = {v: l for v, l in self._made.items() if v in self.versions}
             layout = self._made.get(adopted.version)
             if layout is None:
-                layout = self._made[adopted.version] = self.make(adopted.plan)
+                layout = self._made[adopted.version] = (self.make or self._over_homes)(adopted.plan)
             return layout
 
     def clear(self) -> None:
+        """Let go of the gradients' memory (the hand-off: a gradient that lives there has moved)."""
         with self._lock:
             self._made.clear()
+            self._homes = None

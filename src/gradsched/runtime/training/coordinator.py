@@ -9,8 +9,9 @@ asks which is active:
 * gradsched's own plane (:class:`~gradsched.runtime.training.plane.Plane`): the round on
   gradsched's data plane, its hooks, plans and control points, for all-reduce, parameter
   servers and sharded;
-* DDP's reducer (:mod:`gradsched.runtime.architectures.reducer`), from the step after the
-  measured trial kept DDP-style buckets: the hand-off swaps the architecture, and with it the
+* DDP's reducer (:mod:`gradsched.runtime.architectures.reducer`), after the step that
+  follows the measured trial's keeping DDP-style buckets (at the next
+  ``zero_grad(set_to_none=True)`` or forward pass): the hand-off swaps the architecture, and with it the
   backend (the plane's threads stop; what it measured stays readable).
 
 A *round* is one backward pass that communicates, counted once for the run
@@ -78,13 +79,16 @@ class Coordinator:
         self.replaced = False  # closed because a later wrap of the same model took over
         self._closed = False
         self.handed_off_round: int | None = None
-        self._successor: Architecture | None = None  # the trial kept the buckets: what takes them at the next step()
+        self._successor: Architecture | None = None  # the trial kept the buckets: what takes them over
+        self._stepped = False  # a step() since the last forward pass began
         self.backend: Backend = architecture.open(self)  # the one reducing now
         self._handles: list[Any] = []
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
             self.peers = PeerStatus(self.rank, topology.workers, self._status, topology.control)
             self.backend.attach()
-            self._handles = [self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())),
+            self._handles = [self.model.register_forward_pre_hook(Hook(self._forward_begins), with_kwargs=True,
+                                                                  prepend=True),
+                             self.model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())),
                              self.model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize()))]
         except BaseException:
             self._abandon()
@@ -151,8 +155,15 @@ class Coordinator:
     def step(self) -> None:
         self.check_in_use("optimizer.step()")
         self.backend.step()
-        if self._successor is not None:
-            self._hand_off_buckets()
+        self._stepped = True
+
+    def _forward_begins(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The root module's first forward pre-hook: a hand-off still due happens now."""
+        self._stepped = False
+        if self._successor is None:
+            return None
+        self._hand_off_buckets()
+        return self.backend.opened_in_forward(module, args, kwargs)
 
     def step_unscheduled(self) -> None:
         """Step the optimizer's parameters outside the plans (:meth:`DeferredUpdates.step_others`)."""
@@ -164,7 +175,11 @@ class Coordinator:
 
     def _hand_off_buckets(self) -> None:
         """The architecture the buckets go to (DDP's C++ reducer: :mod:`gradsched.runtime.architectures.reducer`)
-        reduces from the next backward pass on; gradsched's plane stops."""
+        reduces from the next backward pass on; gradsched's plane stops. Due from the step after
+        the decision on, it happens where the gradients are let go, so that they never exist
+        twice (the reducer's buckets and gradsched's): at ``zero_grad(set_to_none=True)`` after
+        that step, or else as the next forward pass begins (the gradients then move into the
+        reducer's buckets: held twice for that moment)."""
         self.synchronize()
         self.architecture, self._successor = self._successor, None
         self.backend = self.architecture.open(self)
@@ -183,6 +198,8 @@ class Coordinator:
             for p in group["params"]:
                 if id(p) not in self.index:
                     clear_grad(p, set_to_none)
+        if set_to_none and self._stepped and self._successor is not None:
+            self._hand_off_buckets()
 
     def clip_grad_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                        foreach: bool | None) -> torch.Tensor:

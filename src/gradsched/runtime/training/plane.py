@@ -167,17 +167,29 @@ class Plane:
                                                                                range(len(self.params))))
 
     def retire(self) -> None:
-        """The hand-off (every reduction complete): off the training thread's path, the flat
-        gradient buffers let go (DDP's buckets hold the gradients from now on; a gradient that
-        lives in one moves to memory of its own), the threads stopped. What it planned and
-        measured stays readable; the optimizer's updates stay in use (the reducer's)."""
-        homes = {h.data_ptr() for h in self.current.homes.values()}
-        for p in self.params:
-            if p.grad is not None and p.grad.data_ptr() in homes:
-                p.grad = p.grad.clone()
+        """The hand-off (every reduction complete): off the training thread's path, the threads
+        stopped, the flat gradient buffers let go: a gradient that lives in one moves to memory
+        of its own, chunk by chunk (:mod:`gradsched.runtime.comm.layout`), so that the
+        gradients are never held twice (DDP's bucket views take them in next). What it planned
+        and measured stays readable; the optimizer's updates stay in use (the reducer's)."""
+        chunks = self._living_in_homes()
         self.current.homes = {}
         self.close(wait=True)
-        self.stop(wait=True)
+        self.stop(wait=True)  # nothing of the plane refers to the buffers now but the gradients
+        for members in chunks:
+            for i in members:  # the chunk is freed with its last gradient moved
+                p = self.params[i]
+                p.grad = plain(p.grad).clone()
+
+    def _living_in_homes(self) -> list[list[int]]:
+        """The parameters whose ``.grad`` lives in a chunk of the flat buffers, chunk by chunk
+        (indices only: nothing here keeps a chunk alive)."""
+        chunks: dict[int, list[int]] = {}
+        for i, home in self.current.homes.items():
+            grad = plain(self.params[i].grad)
+            if grad is not None and grad.untyped_storage().data_ptr() == home.untyped_storage().data_ptr():
+                chunks.setdefault(home.untyped_storage().data_ptr(), []).append(i)
+        return list(chunks.values())
 
     def close(self, wait: bool) -> None:
         """Stop; with ``wait`` (and nothing failed), first finish the communication in flight."""

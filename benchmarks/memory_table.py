@@ -1,0 +1,141 @@
+"""Peak memory per rank, in units of the parameters' bytes, of every way gradsched and torch
+train the same model data-parallel: the table of docs/memory.md.
+
+    python benchmarks/memory_table.py                       # every arm, the table
+    python benchmarks/memory_table.py --arms ddp-view,prophet --json out.json
+
+An MLP of six 3072-wide layers (56.6M parameters, P = 226 MB in float32), AdamW, 2 gloo ranks
+on loopback, batch 32, 8 steps. Each arm runs in fresh processes (one intra-op thread each);
+its figure is rank 0's resident set's high-water mark above its resident set before the
+model was built (gradsched.bench.memory.PeakMemory), divided by P. Beside it: what the arm
+must hold at least, in P (parameters, gradients, buckets, optimizer state), and the largest
+difference of its parameters from DDP's after the run where it is a drop-in for DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WIDTH, LAYERS, BATCH, STEPS, WORLD = 3072, 6, 32, 8, 2
+
+#: arm -> (what it must hold at least, in P, as words)
+ARMS = {
+    "ddp": "params 1 + grads 1 + buckets 1 + AdamW 2",
+    "ddp-view": "params 1 + grads 1 + AdamW 2",
+    "ddp-zero": "params 1 + grads 1 + buckets 1 + AdamW 1",
+    "fsdp2": "params 1/2 + grads 1/2 + AdamW 1 + one layer gathered",
+    "fifo": "params 1 + grads 1 + AdamW 2",
+    "bytescheduler": "params 1 + grads 1 + AdamW 2",
+    "prophet": "params 1 + grads 1 + AdamW 2",
+    "prophet-sharded": "params 1 + grads 1/2 + AdamW 1",
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+
+
+def _rank(rank: int, arm: str, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from gradsched.bench.memory import PeakMemory
+
+    memory = PeakMemory()
+    memory.start()
+    model = _model()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    if arm.startswith("ddp"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, gradient_as_bucket_view=arm == "ddp-view")
+        if arm == "ddp-zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    elif arm == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    else:
+        import gradsched
+
+        policy, _, architecture = arm.partition("-")
+        model, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-4), policy=policy,
+                                          architecture=architecture or "allreduce")
+    generator = torch.Generator().manual_seed(1 + rank)
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, WIDTH, generator=generator)
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+    if hasattr(optimizer, "close"):
+        optimizer.close()
+    peak = memory.stop()
+    state = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+             for name, p in model.named_parameters()}
+    if rank == 0:
+        torch.save({"peak_bytes": peak, "param_bytes": params,
+                    "params": {n.removeprefix("module."): v for n, v in state.items()}}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(arm: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.pt")
+        mp.start_processes(_rank, args=(arm, _free_port(), out), nprocs=WORLD, start_method="spawn")
+        return torch.load(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    results, reference = {}, None
+    print("| arm | peak (P) | must hold at least | max abs diff from DDP |", "|---|---:|---|---:|", sep="\n")
+    for arm in arms:
+        got = measure(arm)
+        if arm == "ddp":
+            reference = got["params"]
+        diff = None if reference is None else max(
+            (got["params"][n] - v).abs().max().item() for n, v in reference.items())
+        results[arm] = {"peak_p": got["peak_bytes"] / got["param_bytes"], "param_bytes": got["param_bytes"],
+                        "peak_bytes": got["peak_bytes"], "max_abs_diff_from_ddp": diff}
+        print(f"| {arm} | {results[arm]['peak_p']:.2f} | {ARMS[arm]} | "
+              f"{'-' if diff is None else f'{diff:.1e}'} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"setting": {"width": WIDTH, "layers": LAYERS, "batch": BATCH, "steps": STEPS,
+                                   "world": WORLD}, "arms": results}, f, indent=1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

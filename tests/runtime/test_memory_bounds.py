@@ -1,0 +1,59 @@
+"""What gradsched's all-reduce holds for gradients: one buffer as large as the gradients, as DDP
+with ``gradient_as_bucket_view=True``, through every phase of a run (the profile rounds, both
+arms of the measured trial, re-plans).
+
+Counted storage by storage at fixed points of each iteration (after ``zero_grad()``, after
+``backward()`` once every reduction completed, after ``step()``): the memory of every
+parameter's ``.grad`` together with every flat buffer any plan's layout refers to. Messages
+that travel in a copy (not a range of the homes) are in flight only and not counted here: the
+backend's threads may hold the last of them past their end (gloo's workers do), which no
+count from Python can tell from gradsched's own. (The hand-off's one gradient buffer:
+tests/distributed/test_distributed.py, the kept buckets' test.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradsched
+
+WIDTH, LAYERS, STEPS = 256, 4, 14
+OPTIONS = dict(profile_rounds=2, trial_rounds=3, trial_pairs=1, replan_every=3)
+PARTITIONS = {"partition_bytes": 65536, "credit_bytes": 131072}
+
+
+def gradient_bytes(model: nn.Module, optimizer, homes_seen: set[int]) -> int:
+    storages = {}
+    layouts = optimizer._coordinator.backend.exchange._layouts
+    homes = [home for layout in list(layouts._made.values()) for home in layout.homes.values()]
+    homes_seen.update(home.untyped_storage().data_ptr() for home in homes)
+    for view in homes + [p.grad for p in model.parameters() if p.grad is not None]:
+        storage = view.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("policy", ["fifo", "bytescheduler", "prophet"])
+def test_one_gradient_buffer_through_profile_trial_and_replans(world_of_one, policy):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), policy,
+                                        policy_options=PARTITIONS if policy == "bytescheduler" else None, **OPTIONS)
+    generator = torch.Generator().manual_seed(3)
+    counts, homes_seen = [], set()
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        counts.append(gradient_bytes(model, optimizer, homes_seen))
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.synchronize()
+        counts.append(gradient_bytes(model, optimizer, homes_seen))
+        optimizer.step()
+        counts.append(gradient_bytes(model, optimizer, homes_seen))
+    stats = optimizer.stats
+    optimizer.close()
+    assert stats.plans_adopted >= 3  # re-planned: several plans' layouts over the homes
+    assert max(counts) <= param_bytes * 1.03, [round(c / param_bytes, 2) for c in counts]
+    assert len(homes_seen) == 1  # the same memory under every plan (one chunk: the model is under 25 MiB)
