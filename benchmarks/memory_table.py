@@ -3,6 +3,7 @@ train the same model data-parallel: the table of docs/memory.md.
 
     python benchmarks/memory_table.py                       # every arm, the table
     python benchmarks/memory_table.py --arms ddp-view,prophet --json out.json
+    python benchmarks/memory_table.py --table docs/figures/memory.json  # the table of docs/memory.md
 
 An MLP of six 3072-wide layers (56.6M parameters, P = 226 MB in float32), AdamW, 2 gloo ranks
 on loopback, batch 32, 8 steps. Each arm runs in fresh processes (one intra-op thread each);
@@ -18,7 +19,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 import tempfile
 
 import torch
@@ -109,17 +109,35 @@ def measure(arm: str) -> dict:
         return torch.load(out)
 
 
+HEADER = ["| arm | peak (P) | must hold at least | max abs diff from DDP |", "|---|---:|---|---:|"]
+
+
+def row(arm: str, result: dict) -> str:
+    diff = result["max_abs_diff_from_ddp"]
+    return f"| {arm} | {result['peak_p']:.2f} | {ARMS[arm]} | {'-' if diff is None else f'{diff:.1e}'} |"
+
+
+def table(data: dict) -> str:
+    """The table of a saved run (``--json``)."""
+    return "\n".join(HEADER + [row(arm, result) for arm, result in data["arms"].items()]) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--table", help="print the table of a saved run, and run nothing")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)), end="")
+        return
     arms = args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
     results, reference = {}, None
-    print("| arm | peak (P) | must hold at least | max abs diff from DDP |", "|---|---:|---|---:|", sep="\n")
+    print(*HEADER, sep="\n")
     for arm in arms:
         got = measure(arm)
         if arm == "ddp":
@@ -128,13 +146,11 @@ def main() -> None:
             (got["params"][n] - v).abs().max().item() for n, v in reference.items())
         results[arm] = {"peak_p": got["peak_bytes"] / got["param_bytes"], "param_bytes": got["param_bytes"],
                         "peak_bytes": got["peak_bytes"], "max_abs_diff_from_ddp": diff}
-        print(f"| {arm} | {results[arm]['peak_p']:.2f} | {ARMS[arm]} | "
-              f"{'-' if diff is None else f'{diff:.1e}'} |", flush=True)
+        print(row(arm, results[arm]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"setting": {"width": WIDTH, "layers": LAYERS, "batch": BATCH, "steps": STEPS,
                                    "world": WORLD}, "arms": results}, f, indent=1)
-    sys.exit(0)
 
 
 if __name__ == "__main__":

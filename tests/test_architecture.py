@@ -241,3 +241,13 @@ def test_the_layout_page_names_every_module():
             missing.append(str(path.relative_to(SRC)))
     assert missing == [], f"docs/layout.md does not mention {missing}"
 
+
+
+def test_nothing_received_is_unpickled():
+    """torch.distributed's *_object collectives unpickle what peers send; gradsched exchanges
+    structured data in its wire format (msgspec) or as tensors only."""
+    unpickling = ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+                  "recv_object_list", "send_object_list", "pickle.loads")
+    found = [f"{path.relative_to(SRC)}: {name}" for path in sorted((SRC / "gradsched").rglob("*.py"))
+             for name in unpickling if name in path.read_text()]
+    assert not found, found

@@ -144,6 +144,10 @@ def test_the_demos_figures_are_what_its_json_says():
     assert said in text
 
 
+def test_the_memory_table_is_what_its_json_prints():
+    assert script("memory_table").table(figure("memory")) in PAGES["docs/memory.md"]
+
+
 def test_the_simulators_figures_are_what_their_json_prints():
     page = PAGES["docs/simulator.md"]
     assert script("sharded_table").table(figure("sharded-sim")) in page

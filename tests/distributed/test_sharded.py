@@ -44,8 +44,8 @@ def check(reports_: list[dict], world: int, cases: int) -> None:
                 assert result["uncompressed_diff"] > 100 * TOLERANCE[world], where
             if "state_diff" in result:  # the joined shards equal DDP's optimizer state
                 assert result["state_diff"] <= TOLERANCE[world], where
-            if result["ddp_state"]:  # 1/n of DDP's optimizer state, padding aside
-                assert result["state"] <= result["ddp_state"] / world + 64, where
+            if result["ddp_state"]:  # 1/n of DDP's optimizer state, rounding to whole rows aside
+                assert result["state"] <= result["ddp_state"] / world * 1.02 + 64, where
                 assert result["state"] < result["ddp_state"], where
     for case in reports_[0]:  # the shards cover the state once, with at most one padding element each
         held = sum(r[case]["state"] for r in reports_)
@@ -57,13 +57,14 @@ def test_two_policies_equal_ddp_through_both_apis_with_clipping_accumulation_and
     (tests/distributed/test_architecture_contract.py), and every policy in the slow set, as below."""
     check(reports(tmp_path, 2, "--policies", "fifo,prophet",
                   "--cases", "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,"
-                             "checkpoint:adamw-groups,slow:sgd,compress:adamw-groups"), 2, 7 * 2)
+                             "checkpoint:adamw-groups,slow:sgd,compress:adamw-groups,torchclip:adamw-groups,"
+                             "torchvalue:sgd"), 2, 9 * 2)
 
 
 @pytest.mark.slow  # CI: the test above, each scenario with SGD or AdamW
 def test_every_policy_scenario_and_optimizer_equals_ddp(tmp_path):
     check(reports(tmp_path, 2, "--optimizers", "sgd,adam,adamw-groups,rmsprop",
-                  "--scenarios", "wrap,ddp,clip,value,accumulate,checkpoint,slow,compress"), 2, 8 * 4 * 4)
+                  "--scenarios", "wrap,ddp,clip,value,torchclip,torchvalue,accumulate,checkpoint,slow,compress"), 2, 10 * 4 * 4)
 
 
 def test_three_ranks_with_padding_and_more_optimizers(tmp_path):

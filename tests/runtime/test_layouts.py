@@ -45,13 +45,13 @@ def test_every_plan_lays_its_messages_over_the_same_homes_one_buffer_for_the_run
     assert layouts._homes is None
 
 
-def test_the_homes_are_chunks_of_about_the_bucket_size_cut_at_tensors_bounds():
-    params = [torch.zeros(8), torch.zeros(8), torch.zeros(20), torch.zeros(2)]
-    index = {"a": 0, "b": 1, "c": 2, "d": 3}
-    versions = PlanVersions(plan((("a", 0, 8), ("b", 0, 8)), (("c", 0, 20), ("d", 0, 2))))
+def test_the_homes_are_chunks_of_at_least_the_bucket_size_cut_between_the_first_plans_messages():
+    params = [torch.zeros(8), torch.zeros(8), torch.zeros(20), torch.zeros(2), torch.zeros(4)]
+    index = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}
+    versions = PlanVersions(plan((("a", 0, 8), ("b", 0, 8)), (("c", 0, 20), ("d", 0, 2)), (("e", 0, 4),)))
     layouts = Layouts(index, params, versions, chunk_bytes=64)  # 16 floats a chunk
     layout = layouts.of(versions.for_round(1))
-    storages = [layout.homes[i].untyped_storage().data_ptr() for i in range(4)]
-    # a + b fill one chunk; c alone is larger than a chunk and gets its own; d starts another
-    assert storages[0] == storages[1] and len(set(storages)) == 3
-    assert sorted(layout.fused) == [0]  # c and d lie in different chunks: that message is copied
+    storages = [layout.homes[i].untyped_storage().data_ptr() for i in range(5)]
+    # a + b fill one chunk; c + d, one message, stay together though c alone fills a chunk; e: another
+    assert storages[0] == storages[1] != storages[2] == storages[3] != storages[4]
+    assert sorted(layout.fused) == [0, 1, 2]  # every message of the first plan is a range of one chunk

@@ -6,6 +6,8 @@ differences and the optimizer state each rank holds.
 Scenarios (each for every policy and optimizer): ``wrap`` (gradsched.wrap), ``ddp``
 (gradsched.DistributedDataParallel with the optimizer built after it), ``clip`` (global-norm
 clipping by gradsched's clip_grad_norm_ against torch's under DDP), ``value`` (clip_grad_value_),
+``torchclip`` and ``torchvalue`` (torch's own, ``torch.nn.utils.clip_grad_norm_(model.parameters())``,
+as under DDP),
 ``accumulate`` (two backward passes per step, the first under ``no_sync()``), ``checkpoint``
 (the optimizer's full state half-way against DDP's, and a resumed run), ``slow`` (the
 all-gather of the head's parameters lands 0.1 s late: a forward that did not wait for it
@@ -150,12 +152,21 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
     return result
 
 
+def torch_clip_of(model, clip: str):
+    """torch's own clipping over the model's parameters, as a DDP script calls it: ``.grad`` is
+    each rank's shard of the average (a DTensor), and torch's norm of them is the global one."""
+    if clip == "clip":
+        return lambda m: torch.nn.utils.clip_grad_norm_(model.parameters(), m)
+    return lambda v: torch.nn.utils.clip_grad_value_(model.parameters(), v)
+
+
 def case(scenario: str, kind: str, policies: list[str], data: list, report: dict) -> None:
     if scenario == "checkpoint":
         for policy in policies:
             report[f"checkpoint/{policy}/{kind}"] = checkpoint(policy, kind, data)
         return
-    clip = scenario if scenario in ("clip", "value") else None
+    clip = {"torchclip": "clip", "torchvalue": "value"}.get(scenario, scenario if scenario in ("clip", "value")
+                                                                      else None)
     compress = scenario == "compress"
     reference, initial = seeded_reference()
     reload = copy.deepcopy(reference.state_dict()) if compress else None
@@ -187,8 +198,9 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
         sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" \
             else None
         clip_of = None if clip is None else (model.clip_grad_norm_ if clip == "clip" and scenario == "ddp"
-                                             else ours.clip_grad_norm_ if clip == "clip"
-                                             else ours.clip_grad_value_)
+                                             else ours.clip_grad_norm_ if scenario == "clip"
+                                             else ours.clip_grad_value_ if scenario == "value"
+                                             else torch_clip_of(model, clip))
         run(model, ours, sched, data, clip, clip_of, accumulate, reload=reload)
         if scenario in ("ddp", "accumulate"):
             model.synchronize()

@@ -46,6 +46,9 @@ class Stepping(Protocol):
     ``step()``, a module's forward pass, ``synchronize()``, clipping and the optimizer's
     checkpoint do with the reduced gradients."""
 
+    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
+        """Hooks of its own on the parameters (their handles, removed with the plane's)."""
+
     def step(self, snapshot: Any, plan: Any) -> None:
         """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
 
@@ -112,6 +115,7 @@ class Architecture:
     name: ClassVar[str]  # as the user names it: architecture=...
     link_model: ClassVar[str] = "allreduce"  # what plans (the simulator) model a message's link as
     predicts_trial: ClassVar[bool] = False  # the simulator predicts the measured trial (the link is probed)
+    hands_out_dtensors: ClassVar[bool] = False  # .grad is a DTensor: a process group for torch's collectives on it
     buffers_on_data_plane: ClassVar[bool] = True  # buffers broadcast on the user's backend (the "broadcasts"
     #   group, issued by the launcher); else at once on the workers' gloo group ("buffers")
     comm_hook_refusal: ClassVar[str | None] = None  # why a DDP communication hook cannot run (None: it can)

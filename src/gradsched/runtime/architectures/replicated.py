@@ -28,6 +28,9 @@ class ReplicatedStepping:
         self.updates = updates
         self.everything = range(len(updates.params))
 
+    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
+        return []  # .grad is the reduced gradient itself: autograd accumulates into it as under DDP
+
     def step(self, snapshot: Snapshot, plan: Any) -> None:
         if not plan.cross_barrier:  # like DDP: wait, then update all
             self.updates.wait_and_apply(self.everything, "all parameters")

@@ -5,8 +5,8 @@ Every gradient has a fixed *home* in it, a contiguous view, the gradients in the
 first plan made sends them (the order the backward pass gives them, near enough), whatever
 plans follow: one gradient buffer is alive at a time, also while two plans are in use (a
 re-plan, the measured trial's two arms), as DDP's buckets with ``gradient_as_bucket_view``.
-The buffer is cut, at tensors' bounds, into chunks of about DDP's bucket size, each its own
-allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
+The buffer is cut, between the first plan's messages, into chunks of at least DDP's bucket
+size, each its own allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
 and never hold two copies of them.
 A message whose slices are consecutive in the buffer is a view of it and is reduced in place:
 no copy in at launch, no copy back. Others (a block that skipped ahead to fill its budget, a
@@ -34,26 +34,32 @@ class GradientHomes:
     def __init__(self, plan: Plan, index: Mapping[str, int], like: Sequence[torch.Tensor],
                  chunk_bytes: int | None = None) -> None:
         """``index``: tensor name -> position in ``like``; ``like``: the parameters (shape,
-        dtype and device of each gradient); a chunk closes before a tensor that would take it
-        past ``chunk_bytes`` (None: one chunk per dtype and device)."""
+        dtype and device of each gradient); a chunk closes once it holds ``chunk_bytes`` or more,
+        between two tensors no message of ``plan`` holds both of, so that its messages stay
+        ranges of one chunk (None: one chunk per dtype and device)."""
         order: list[int] = []
         for message in plan.messages:
             for name in message.tensors:
                 if index[name] not in order:
                     order.append(index[name])
+        together = {(index[a], index[b]) for m in plan.messages for a in m.tensors for b in m.tensors}
         sizes: dict[BufferKey, int] = {}
         open_chunk: dict[tuple[torch.dtype, torch.device], int] = {}
+        last: dict[tuple[torch.dtype, torch.device], int] = {}  # the tensor placed last in each kind's chunk
         self.place: dict[int, tuple[BufferKey, int]] = {}  # tensor -> (buffer key, first element)
         for i in order:
             kind = (like[i].dtype, like[i].device)
             chunk = open_chunk.setdefault(kind, 0)
             used = sizes.get((*kind, chunk), 0)
-            if chunk_bytes is not None and used and (used + like[i].numel()) * like[i].element_size() > chunk_bytes:
+            # a full chunk closes between two tensors no message of the plan holds both of
+            if chunk_bytes is not None and used * like[i].element_size() >= chunk_bytes \
+                    and (last[kind], i) not in together:
                 chunk = open_chunk[kind] = chunk + 1
                 used = 0
             key = (*kind, chunk)
             self.place[i] = (key, used)
             sizes[key] = used + like[i].numel()
+            last[kind] = i
         self.flat = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
         self.of: dict[int, torch.Tensor] = {
             i: self.flat[key][start : start + like[i].numel()].view_as(like[i])

@@ -82,6 +82,7 @@ class Groups:
     buffers: dist.ProcessGroup | None
     plans: dist.ProcessGroup | None = None  # parameter servers only
     broadcasts: dist.ProcessGroup | None = None  # all-reduce and sharded only
+    tensors: dist.ProcessGroup | None = None  # sharded only: what torch issues on its DTensor gradients
 
 
 @dataclass
@@ -93,10 +94,13 @@ class Topology:
     groups: Groups | None = field(repr=False)  # None once released
 
     @classmethod
-    def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None, servers: int = 0) -> Topology:
+    def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None, servers: int = 0,
+               tensors: bool = False) -> Topology:
         """Every rank's roles (the last ``servers`` ranks serve) and gradsched's groups among the
         ranks of ``group`` (the default group if None): a collective, every rank of ``group`` must
-        call it. Ranks here are ``group``'s, as are those of every gradsched group made from it."""
+        call it. Ranks here are ``group``'s, as are those of every gradsched group made from it.
+        ``tensors``: a group for the collectives torch issues on DTensors gradsched hands the
+        user (sharded gradients), apart from the data plane's order."""
         group = group if group is not None else dist.group.WORLD
         if group is dist.GroupMember.NON_GROUP_MEMBER or dist.get_rank(group) < 0:
             raise GradschedError(f"{entry()}: this rank is not a member of the process_group it was given")
@@ -126,7 +130,8 @@ class Topology:
         data = new(None, wait=backend_wait)
         plans = new(None, "gloo") if servers else None
         groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans,
-                        broadcasts=None if servers else new(None, wait=backend_wait))
+                        broadcasts=None if servers else new(None, wait=backend_wait),
+                        tensors=new(None, wait=backend_wait) if tensors else None)
         _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)
         return cls(rank, world, workers, servers, groups)
 
@@ -155,6 +160,10 @@ class Topology:
     @property
     def plans(self) -> dist.ProcessGroup:
         return self._group("plans")
+
+    @property
+    def tensors(self) -> dist.ProcessGroup:
+        return self._group("tensors")
 
     @property
     def is_server(self) -> bool:

@@ -78,7 +78,15 @@ class RankChecks:
     sums: list[tuple[float, float]]  # sum and sum of squares of every parameter
 
 
-KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks}
+@dataclass(frozen=True)
+class StateKeys:
+    """What optimizer state a rank holds for its shards (see
+    :meth:`gradsched.runtime.architectures.sharded.stepping.ShardedStep.full_state_dict`)."""
+
+    keys: list[tuple[int, str]]  # (parameter index, state key) of every shard-sized tensor
+
+
+KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys}
 _ENCODER = msgspec.msgpack.Encoder()
 
 

@@ -59,7 +59,12 @@ class Handover:
         self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
         self.scales: dict[int, float] = {}  # parameter -> factor, applied once reduced (before clamping)
         self.kept: dict[int, torch.Tensor] = {}  # parameter -> the value its .grad gets back once reduced
+        self.added: dict[int, torch.Tensor] = {}  # parameter -> what its .grad adds once reduced (sharded:
+        #   the averaged shard a backward pass accumulates onto)
         self.unsettled: set[int] = set()  # handed over, and this thread not yet ordered after the reduction
+        # what .grad is once reduced, from the parameter's index and the tensor handed over
+        # (None: that tensor; sharded: a DTensor of this rank's shard of the average)
+        self.reduced_grad: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         self._warned_create_graph = False
 
     def place(self, grad: torch.Tensor, home: torch.Tensor | None) -> torch.Tensor:
@@ -124,10 +129,16 @@ class Handover:
             self.unsettled.discard(i)
             p = self.params[i]
             if isinstance(p.grad, InFlightGrad):
-                p.grad = p.grad._gradsched_plain
+                marked = p.grad
+                if self.reduced_grad is not None:  # what operations on the marked tensor now see too
+                    marked._gradsched_plain = self.reduced_grad(i, marked._gradsched_plain)
+                p.grad = marked._gradsched_plain
             kept = self.kept.pop(i, None)
             if kept is not None and p.grad is not None:
                 p.grad.copy_(kept)
+            added = self.added.pop(i, None)
+            if added is not None and p.grad is not None:
+                p.grad.add_(added)
             scale = self.scales.pop(i, None)
             if scale is not None and p.grad is not None:
                 p.grad.mul_(scale)

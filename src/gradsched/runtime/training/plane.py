@@ -119,6 +119,7 @@ class Plane:
         """Register the hooks of gradients, sparse gradients and modules."""
         for p in self.params:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        self._handles.extend(self.stepping.attach(self.params))
         self._handles.extend(self.sparse.attach())
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))

@@ -38,6 +38,7 @@ from gradsched.runtime.training.plane import Plane
 
 class Sharded(Architecture):
     name = "sharded"
+    hands_out_dtensors = True
     comm_hook_refusal = "messages are reduce-scattered"
     join_refusal = ("a joined rank would have to update its shards and serve the all-gathers; use "
                     "architecture='allreduce', or give every rank the same number of batches")
@@ -65,7 +66,10 @@ class Sharded(Architecture):
     def transport(self, topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
                   versions: PlanVersions, config: RuntimeConfig, device: Device,
                   comm_hook: CommHook | None) -> Transport:
+        from torch.distributed.device_mesh import DeviceMesh
+
         self.shards.pairwise = pairwise_for(topology.data)  # its all-gathers travel the way its reduce-scatters do
+        self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
         return compressed(Issued(ReduceScatter(topology.data, self.shards.pairwise), device, topology.data), config)
 
     def layout(self) -> Any:

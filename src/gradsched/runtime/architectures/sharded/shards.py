@@ -1,9 +1,14 @@
 """Sharded data parallelism on the data plane: every rank the owner of 1/n of every parameter.
 
-Each parameter, flattened and padded to ``n * c`` elements (``c = ceil(numel / n)``), is split
-into ``n`` equal shards; rank ``r`` owns elements ``[r * c, (r + 1) * c)`` (those past the
-parameter's end are padding). Ownership is fixed for the whole run, whatever the plans, so
-the optimizer state of a shard never moves between ranks.
+Each parameter is cut by rows (its first dimension) as ``torch.chunk`` cuts it: ``k =
+ceil(rows / n)`` rows a rank, rank ``r`` owning rows ``[r * k, (r + 1) * k)``, which flattened
+are elements ``[r * c, (r + 1) * c)`` with ``c = k * row`` (those past the parameter's end are
+padding; a 0-dimensional parameter is one element, rank 0's). Ownership is fixed for the whole
+run, whatever the plans, so the optimizer state of a shard never moves between ranks. Being
+rows, this rank's part of a parameter's averaged gradient is what
+:class:`torch.distributed.tensor.DTensor` calls ``Shard(0)`` of it: ``.grad`` is that DTensor
+once reduced (:meth:`Shards.grad_of`), so torch's own ``clip_grad_norm_`` and reads of
+``.grad`` see the averaged gradient, as under DDP.
 
 Plans are made over *shard coordinates*: the scheduler sees each parameter as ``c`` elements
 of ``n`` times its element size (the bytes are the whole parameter's), so a slice
@@ -62,6 +67,13 @@ def _padded(flat: torch.Tensor, start: int, end: int, count: int) -> list[torch.
     return parts
 
 
+def _shard_elements(p: torch.Tensor, world: int) -> int:
+    """``c``: whole rows of ``p``, as many as ``torch.chunk(p, world)`` gives its first chunk."""
+    if p.dim() == 0 or p.shape[0] == 0:
+        return max(1, math.ceil(p.numel() / world))
+    return math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0])
+
+
 class Shards:
     """This rank's shard of every parameter, what its optimizer updates (a view of the
     parameter's own memory; with compression its master copy), and a buffer for its averaged
@@ -73,7 +85,7 @@ class Shards:
         self.params = list(params)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.rank, self.world = rank, world
-        self.size = [math.ceil(p.numel() / world) for p in self.params]  # c: shard elements, padding included
+        self.size = [_shard_elements(p, world) for p in self.params]  # c: shard elements, padding included
         self.start: list[int] = []  # where this rank's shard of each parameter begins in it (flattened)
         self.wire = wire_dtype(compression)  # what both phases travel as (None: the parameters' dtype)
         self.tensors: list[torch.Tensor] = []  # this rank's shard of each parameter (may be empty)
@@ -87,6 +99,7 @@ class Shards:
             self.grads.append(torch.zeros(c, dtype=p.dtype, device=p.device))
         self.of_param = {id(p): i for i, p in enumerate(self.params)}
         self.pairwise: Pairwise | None = None  # gloo: the phases as point-to-point operations (set by the plane)
+        self.mesh: Any = None  # the DeviceMesh of the gradients' DTensors (its own group: see grad_of)
         self._lock = threading.Lock()  # gathers land on completion threads: a write and its record together
         self._written = [torch_private.version(p) for p in self.params]  # each parameter as the gathers left it
 
@@ -109,6 +122,21 @@ class Shards:
                     shard = self.tensors[i]
                     shard.copy_(p.detach().view(-1)[self.start[i]:self.start[i] + shard.numel()])
                     self._written[i] = torch_private.version(p)
+
+    def grad_of(self, i: int) -> torch.Tensor:
+        """Parameter ``i``'s averaged gradient as torch sees a sharded one: a DTensor whose local
+        part is this rank's shard of it (``Shard(0)``; a 0-dimensional parameter's ``Partial``,
+        its value on rank 0 and zero elsewhere), over this rank's gradient buffer. Collectives
+        torch issues on it (a norm) run on the mesh's own group, never in the data plane's order."""
+        from torch.distributed.tensor import DTensor, Partial, Shard
+
+        p, shard = self.params[i], self.tensors[i]
+        if p.dim() == 0:
+            local, placement = self.grads[i][:1].view(()), Partial()
+        else:
+            local = self.grads[i][:shard.numel()].view(-1, *p.shape[1:])
+            placement = Shard(0)
+        return DTensor.from_local(local, self.mesh, [placement], shape=p.shape, stride=p.stride(), run_check=False)
 
     def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
         return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]

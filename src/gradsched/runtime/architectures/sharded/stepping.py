@@ -26,12 +26,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from gradsched.core.plan import Plan
+from gradsched.runtime.comm import wire_format
 from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.wire_format import StateKeys
 from gradsched.runtime.architectures.sharded.shards import Shards
 from gradsched.runtime.errors import GradschedError
-from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 
 #: Optimizers whose update of an element reads only that element (and its own state): run on
@@ -86,6 +89,22 @@ class ShardedStep:
         self.timeout_s = timeout_s
         self._queued: Callable[[], list[tuple[list[int], _Gathered]]] | None = None
         self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
+        handover.reduced_grad = lambda i, _: shards.grad_of(i)  # .grad: this rank's shard of the average
+
+    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
+        """Before autograd accumulates into a parameter whose ``.grad`` is this rank's averaged
+        shard (a DTensor: a plain gradient cannot be added to it), that shard is set aside and
+        ``.grad`` emptied; it is added to the next average once reduced, as DDP's ``.grad`` adds
+        a backward pass's average to what it held."""
+        return [p.register_hook(partial(self._before_accumulating, i)) for i, p in enumerate(params)]
+
+    def _before_accumulating(self, i: int, grad: torch.Tensor) -> None:
+        p = self.shards.params[i]
+        held = plain(p.grad)
+        if isinstance(held, DTensor):
+            kept = self.handover.added.get(i)
+            self.handover.added[i] = held.clone() if kept is None else kept.add_(held)
+            p.grad = None
 
     # -- step ---------------------------------------------------------------------------------
     def step(self, snapshot: Snapshot, plan: Plan) -> None:
@@ -162,9 +181,9 @@ class ShardedStep:
 
         def gather() -> None:  # on the launcher: the data group's order
             group = self.group()
-            known: list = [None] * shards.world  # a rank with an empty shard has no state for it
-            dist.all_gather_object(known, sorted(here), group=group)
-            for i, key in sorted(set().union(*map(set, known))):
+            # a rank with an empty shard has no state for it; the keys travel in the wire format
+            known = wire_format.all_gather("state_keys", StateKeys(sorted(here)), group)
+            for i, key in sorted({tuple(k) for part in known for k in part.keys}):
                 p, c = shards.params[i], shards.size[i]
                 entry = here.get((i, key))
                 value = entry[key] if entry is not None else None
