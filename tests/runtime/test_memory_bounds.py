@@ -57,3 +57,33 @@ def test_one_gradient_buffer_through_profile_trial_and_replans(world_of_one, pol
     assert stats.plans_adopted >= 3  # re-planned: several plans' layouts over the homes
     assert max(counts) <= param_bytes * 1.03, [round(c / param_bytes, 2) for c in counts]
     assert len(homes_seen) == 1  # the same memory under every plan (one chunk: the model is under 25 MiB)
+
+
+def test_sharded_lets_go_of_each_local_gradient_once_its_reduce_scatters_ended(world_of_one):
+    """ZeRO-2's release: once a backward pass's messages have finished, nothing of gradsched's
+    holds the rank's whole local gradients (the data plane's board let go of each as its last
+    message ended, and ``.grad`` is the DTensor of this rank's shard of the average, over the
+    shard-sized buffer)."""
+    import weakref
+
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "prophet",
+                                        architecture="sharded", profile_rounds=2, replan_every=3)
+    local = []
+    for p in model.parameters():  # the tensor autograd makes for each gradient, before gradsched takes it
+        p.register_hook(lambda grad: local.append(weakref.ref(grad)) or grad)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(6):
+        optimizer.zero_grad()
+        local.clear()
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.synchronize()
+        board = optimizer._coordinator.backend.exchange.board
+        assert all(g is None for g in board.grads)
+        assert len(local) == 2 * LAYERS and all(ref() is None for ref in local)  # freed
+        assert all(isinstance(p.grad, DTensor) for p in model.parameters())
+        optimizer.step()
+    optimizer.close()

@@ -45,12 +45,32 @@ from gradsched.runtime.torch_private import ddp_post_forward, ddp_pre_forward
 DDP_NAMES_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
+#: DDP's bucket indices after the hand-off start here: a hook's state kept per index (PowerSGD's
+#: error feedback) then starts afresh for DDP's buckets, never meets a gradsched message's of
+#: another size under the same index
+HANDED_OFF_INDEX_BASE = 1 << 20
+
+
+class _Renumbered:
+    """DDP's bucket as the user's hook sees it after the hand-off: its index moved past every
+    index gradsched gave its messages, everything else DDP's."""
+
+    def __init__(self, bucket) -> None:
+        self._bucket = bucket
+
+    def index(self) -> int:
+        return HANDED_OFF_INDEX_BASE + self._bucket.index()
+
+    def __getattr__(self, name: str):
+        return getattr(self._bucket, name)
+
+
 def _passing(hook):
-    """``hook`` under another name: DDP refuses PyTorch's bf16 hooks by name without CUDA and
-    NCCL, which gloo on CPU reduces well."""
+    """``hook`` under another name (DDP refuses PyTorch's bf16 hooks by name without CUDA and
+    NCCL, which gloo on CPU reduces well), given DDP's buckets renumbered (:class:`_Renumbered`)."""
 
     def passing(state, bucket):  # unannotated: DDP checks annotations against its own classes
-        return hook(state, bucket)
+        return hook(state, _Renumbered(bucket))
 
     return passing
 

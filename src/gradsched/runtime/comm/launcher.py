@@ -170,6 +170,7 @@ class Launcher:
                         if launch is None:
                             return
                         self._launch(state, *launch)
+                        launch = None  # its gradients: not kept alive while waiting for the next
                     state = launch = None  # nothing of a round launched stays alive here (its buffers)
                     round_index += 1
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
@@ -249,6 +250,17 @@ class Launcher:
         self.completion.track(futures, partial(self._resolved, state, k),
                               partial(self._finished, state, k, message, launched_at, idle))
 
+    def _let_go(self, state: RoundState, message: PlannedMessage) -> None:
+        """The gradients handed over whose every message of the round has finished: the board
+        lets go of them (under sharding the last reference to a rank's whole local gradient,
+        which the reduce-scatters read: ZeRO-2's release). Under the board's lock."""
+        board, follower = self.board, state.follower
+        for name in dict.fromkeys(message.tensors):
+            i = board.index[name]
+            if board.ready_round[i] == state.index and all(follower.done[m] for m in follower.messages_of[i]):
+                board.grads[i] = None
+                board.produced[i] = None
+
     def _resolved(self, state: RoundState, k: int, event: Any) -> None:
         """Message ``k``'s results are in place behind ``event`` (None on CPU)."""
         board = self.board
@@ -282,6 +294,7 @@ class Launcher:
             for i in state.follower.finish(k):  # none: resolved before
                 board.result[i] = None
                 board.reduced_round[i] = state.index
+            self._let_go(state, message)
             state.futures.pop(k, None)
             if self.on_event:
                 self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)

@@ -98,8 +98,11 @@ class Handover:
                 table.pop(i, None)
             else:
                 table[i] = value
-        marked = grad.as_subclass(InFlightGrad)
-        marked._gradsched_plain = grad
+        if self.reduced_grad is None:
+            marked = grad.as_subclass(InFlightGrad)  # the same memory: it is what .grad becomes
+        else:  # .grad becomes another tensor: the mark does not keep the one handed over alive
+            marked = grad.new_zeros(()).expand(grad.shape).as_subclass(InFlightGrad)
+        marked._gradsched_plain = grad if self.reduced_grad is None else marked.as_subclass(torch.Tensor)
         marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
         self.params[i].grad = marked
         self.unsettled.add(i)
