@@ -42,7 +42,7 @@ from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.architectures.base import Architecture, Backend
 from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.join import Iteration
-from gradsched.runtime.training.lifecycle import RoundLife
+from gradsched.runtime.training.lifecycle import Phase, RoundLife
 from gradsched.runtime.training.syncing import SyncSwitches
 from gradsched.runtime.training.updates import clear_grad
 
@@ -80,7 +80,6 @@ class Coordinator:
         self._closed = False
         self.handed_off_round: int | None = None
         self._successor: Architecture | None = None  # the trial kept the buckets: what takes them over
-        self._stepped = False  # a step() since the last forward pass began
         self.backend: Backend = architecture.open(self)  # the one reducing now
         self._handles: list[Any] = []
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
@@ -155,11 +154,9 @@ class Coordinator:
     def step(self) -> None:
         self.check_in_use("optimizer.step()")
         self.backend.step()
-        self._stepped = True
 
     def _forward_begins(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         """The root module's first forward pre-hook: a hand-off still due happens now."""
-        self._stepped = False
         if self._successor is None:
             return None
         self._hand_off_buckets()
@@ -198,7 +195,7 @@ class Coordinator:
             for p in group["params"]:
                 if id(p) not in self.index:
                     clear_grad(p, set_to_none)
-        if set_to_none and self._stepped and self._successor is not None:
+        if set_to_none and self.life.phase is Phase.STEPPED and self._successor is not None:
             self._hand_off_buckets()
 
     def clip_grad_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
