@@ -61,6 +61,30 @@ def test_two_policies_equal_ddp_through_both_apis_with_clipping_accumulation_and
                              "torchvalue:sgd"), 2, 9 * 2)
 
 
+FULLY = ("--architecture", "fully_sharded")
+
+
+def test_fully_sharded_equals_ddp_through_both_apis_with_clipping_accumulation_checkpoints_and_late_gathers(
+        tmp_path):
+    """ZeRO-3: the parameters freed between uses, gathered before each module's forward and
+    backward pass (the late head's gathers: a module that did not wait would read freed memory),
+    the model's state_dict() as DTensor shards loaded into a new run."""
+    check(reports(tmp_path, 2, *FULLY, "--policies", "fifo,prophet",
+                  "--cases", "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,"
+                             "checkpoint:adamw-groups,slow:sgd,torchclip:adamw-groups,torchvalue:sgd"), 2, 8 * 2)
+
+
+def test_fully_sharded_on_three_ranks_with_padding(tmp_path):
+    check(reports(tmp_path, 3, *FULLY, "--policies", "bytescheduler", "--optimizers", "adam",
+                  "--scenarios", "wrap,checkpoint"), 3, 2)
+
+
+@pytest.mark.slow
+def test_fully_sharded_every_policy_scenario_and_optimizer_equals_ddp(tmp_path):
+    check(reports(tmp_path, 2, *FULLY, "--optimizers", "sgd,adam,adamw-groups,rmsprop",
+                  "--scenarios", "wrap,ddp,clip,value,torchclip,torchvalue,accumulate,checkpoint,slow"), 2, 9 * 4 * 4)
+
+
 @pytest.mark.slow  # CI: the test above, each scenario with SGD or AdamW
 def test_every_policy_scenario_and_optimizer_equals_ddp(tmp_path):
     check(reports(tmp_path, 2, "--optimizers", "sgd,adam,adamw-groups,rmsprop",
@@ -110,6 +134,15 @@ def test_what_sharding_does_not_do_yet_is_refused_at_once(world_of_one):
         model = torch.nn.Linear(4, 2)
         model.weight.data = model.weight.data.t().contiguous().t()
         gradsched.DistributedDataParallel(model, architecture="sharded")
+    for options, said in (({"compression": "bf16"}, "compression='bf16'"),
+                          ({}, "0-dimensional parameters"), ({}, "share memory")):
+        model = torch.nn.Linear(4, 2)
+        if said.startswith("0-dim"):
+            model.scale = torch.nn.Parameter(torch.tensor(1.0))
+        if said == "share memory":
+            model.weight = torch.nn.Parameter(torch.zeros(10)[:8].view(2, 4))
+        with pytest.raises(GradschedError, match=f"architecture='fully_sharded' does not support .*{said}"):
+            gradsched.DistributedDataParallel(model, architecture="fully_sharded", **options)
     model = gradsched.DistributedDataParallel(torch.nn.Linear(4, 2), architecture="sharded")
     with pytest.raises(GradschedError, match="does not support uneven inputs"):
         with model.join():

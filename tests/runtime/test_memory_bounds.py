@@ -87,3 +87,45 @@ def test_sharded_lets_go_of_each_local_gradient_once_its_reduce_scatters_ended(w
         assert all(isinstance(p.grad, DTensor) for p in model.parameters())
         optimizer.step()
     optimizer.close()
+
+
+def whole_bytes(model: nn.Module) -> int:
+    """Bytes of parameters whole on this rank now (a freed one's storage has none)."""
+    return sum(p.untyped_storage().nbytes() for p in model.parameters())
+
+
+@pytest.mark.parametrize("budget_mb", [None, 64.0])
+def test_fully_sharded_holds_whole_parameters_within_its_budget(world_of_one, budget_mb):
+    """ZeRO-3: between steps no parameter is whole; during the forward and backward passes the
+    whole ones stay within the gather budget (default: twice the largest module's, here two
+    layers of four); with a budget above the model's, the forward pass keeps them all for the
+    backward pass (FSDP's reshard_after_forward=False) and nothing is gathered twice."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    layer = sum(p.numel() * p.element_size() for p in model[0].parameters())
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "prophet",
+                                        architecture="fully_sharded", gather_budget_mb=budget_mb,
+                                        profile_rounds=2, replan_every=3)
+    seen = []
+    for module in model:  # after gradsched's own hooks: the module's parameters are whole here
+        module.register_forward_pre_hook(lambda m, args: seen.append(("forward", whole_bytes(model))))
+    for p in model.parameters():  # its gradient computed: the module's backward pass runs
+        p.register_hook(lambda grad: seen.append(("backward", whole_bytes(model))) or grad)
+    gatherer = optimizer._coordinator.backend.stepping.gatherer
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        optimizer.zero_grad()
+        assert whole_bytes(model) == 0
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.step()
+        assert whole_bytes(model) == 0
+    peak = gatherer.peak  # before close(), which leaves every parameter whole
+    optimizer.close()
+    assert whole_bytes(model) == LAYERS * layer
+    during = [b for _, b in seen]
+    assert min(during) >= layer  # the module running is whole
+    if budget_mb is None:
+        assert max(during) <= 2 * layer, [round(b / layer, 2) for b in during]
+        assert peak <= 2 * layer
+    else:
+        assert max(b for kind, b in seen if kind == "backward") == LAYERS * layer  # kept from the forward pass

@@ -2,6 +2,7 @@
 differences and the optimizer state each rank holds.
 
     python -m workers.sharded OUT.json [--policies ...] [--optimizers ...] [--steps N] [--scenarios ...]
+        [--architecture sharded|fully_sharded]
 
 Scenarios (each for every policy and optimizer): ``wrap`` (gradsched.wrap), ``ddp``
 (gradsched.DistributedDataParallel with the optimizer built after it), ``clip`` (global-norm
@@ -27,6 +28,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsched
@@ -50,6 +52,7 @@ def state_elements(opt: torch.optim.Optimizer) -> int:
 
 
 LATE = {"on": False}  # the slow scenario runs
+ARCHITECTURE = {"name": "sharded"}  # or "fully_sharded" (--architecture)
 
 
 def slow_head_gathers() -> None:
@@ -57,14 +60,19 @@ def slow_head_gathers() -> None:
     late on every rank, so its parameters land at least that late."""
     from gradsched.runtime.architectures.sharded.shards import Shards
 
-    gather = Shards.gather
+    gather, gather_whole = Shards.gather, Shards.gather_whole
 
     def late(self, message, group, device):
         if LATE["on"] and any(name.startswith("head.") for name, _, _ in message.slices):
             time.sleep(0.1)
         return gather(self, message, group, device)
 
-    Shards.gather = late
+    def late_whole(self, indices, pairwise, group, device):  # fully sharded: before forward and backward
+        if LATE["on"] and any(self.names[i].startswith("head.") for i in indices):
+            time.sleep(0.1)
+        return gather_whole(self, indices, pairwise, group, device)
+
+    Shards.gather, Shards.gather_whole = late, late_whole
 
 
 def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False,
@@ -126,29 +134,34 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
     ddp_half = copy.deepcopy(opt.state_dict())
     run(ddp, opt, sched, data[half:], None)
     options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
-                   architecture="sharded")
+                   architecture=ARCHITECTURE["name"])
     torch.manual_seed(0)
     net = Net()
     model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
     sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
     run(model, ours, sched, data[:half], None)
     full = ours.full_state_dict()
-    saved = {"model": copy.deepcopy(net.state_dict()), "optimizer": copy.deepcopy(full),
+    state = net.state_dict()  # fully sharded: each parameter this rank's shard (a DTensor), as FSDP2's
+    sharded = copy.deepcopy(state)
+    whole = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+    saved = {"model": copy.deepcopy(whole), "optimizer": copy.deepcopy(full),
              "scheduler": sched.state_dict() if sched else None}
     ours.close()
     torch.manual_seed(1)  # the resumed run's own initialisation, replaced by the checkpoint
     net = Net()
-    net.load_state_dict(saved["model"])
+    if ARCHITECTURE["name"] == "sharded":
+        net.load_state_dict(saved["model"])
     model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
+    if ARCHITECTURE["name"] == "fully_sharded":  # into the shards, from this rank's parts of the first run
+        net.load_state_dict(sharded)
     ours.load_state_dict(saved["optimizer"])
     sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
     if sched:
         sched.load_state_dict(saved["scheduler"])
     run(model, ours, sched, data[half:], None)
-    ours.synchronize()
+    ours.close()  # every parameter whole
     result = against(net, reference, initial)
     result.update(state_diff=differences(full["state"], ddp_half["state"]), state=0, ddp_state=0)
-    ours.close()
     return result
 
 
@@ -188,7 +201,7 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
         torch.manual_seed(0)
         net = Net()
         options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
-                       architecture="sharded", compression="bf16" if compress else None)
+                       architecture=ARCHITECTURE["name"], compression="bf16" if compress else None)
         if scenario in ("ddp", "accumulate"):
             model = gradsched.DistributedDataParallel(net, **options)
             opt, _ = optimizer_for(kind, model)
@@ -202,17 +215,13 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
                                              else ours.clip_grad_value_ if scenario == "value"
                                              else torch_clip_of(model, clip))
         run(model, ours, sched, data, clip, clip_of, accumulate, reload=reload)
-        if scenario in ("ddp", "accumulate"):
-            model.synchronize()
-            result = against(model.module, reference, initial)
-        else:
-            ours.synchronize()
-            result = against(net, reference, initial)
+        wrapped = scenario in ("ddp", "accumulate")
+        (model if wrapped else ours).close()  # every parameter whole (fully sharded frees them between uses)
+        result = against(model.module if wrapped else net, reference, initial)
         result.update(state=state_elements(ours), ddp_state=full_state)
         if plain is not None:
             result["uncompressed_diff"] = against(net, plain, initial)["max_abs_diff"]
         report[f"{scenario}/{policy}/{kind}"] = result
-        (model if scenario in ("ddp", "accumulate") else ours).close()
 
 
 def main() -> None:
@@ -223,7 +232,9 @@ def main() -> None:
     parser.add_argument("--scenarios", default="wrap,ddp,clip")
     parser.add_argument("--cases", help="SCENARIO:OPTIMIZER,... in place of every scenario with every optimizer")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--architecture", default="sharded", choices=["sharded", "fully_sharded"])
     args = parser.parse_args()
+    ARCHITECTURE["name"] = args.architecture
     if "slow" in args.scenarios.split(",") or "slow:" in (args.cases or ""):
         slow_head_gathers()
     torch.set_num_threads(1)

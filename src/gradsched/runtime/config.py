@@ -114,9 +114,12 @@ class RuntimeConfig:
     # -- roles (docs/architectures.md, "Parameter servers") --
     architecture: str = "allreduce"  # or "ps": the last `servers` ranks are parameter servers; on a server rank
     #   wrap() serves until the workers close their optimizers, then returns (model, None); or "sharded": every
-    #   rank owns 1/n of each parameter and of its optimizer state (docs/architectures.md; checked, and built,
-    #   by gradsched.runtime.architectures.choice)
+    #   rank owns 1/n of each parameter and of its optimizer state; or "fully_sharded": the parameters are
+    #   also freed between uses (docs/architectures.md; checked, and built, by gradsched.runtime.architectures.choice)
     servers: int = 0  # parameter servers (architecture="ps" only)
+    gather_budget_mb: float | None = None  # architecture="fully_sharded": MiB of whole parameters alive at
+    #   once by its own choice (gathered ahead of need, kept from a forward pass for its backward); None: twice
+    #   the largest module's own parameters
 
     # -- failures and diagnostics --
     timeout: float = 300.0  # seconds after which a stuck or dead rank makes the others fail
@@ -135,6 +138,8 @@ class RuntimeConfig:
             (self.fallback_gain < 1.0, f"fallback_gain must be < 1, got {self.fallback_gain}"),
             (self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}"),
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
+            (self.gather_budget_mb is None or self.gather_budget_mb > 0,
+             f"gather_budget_mb must be > 0 (or None), got {self.gather_budget_mb}"),
             (self.compression in (None, "bf16", "fp16"),
              f"unknown compression {self.compression!r}; choose 'bf16', 'fp16' or None"),
 

@@ -4,7 +4,7 @@ installed version, and fails on another minor version until this module is read 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -90,3 +90,10 @@ def version(tensor: torch.Tensor) -> int:
     ``copy_``) wrote a parameter since its last all-gather, whose master copy must then be
     read again. No public API counts writes."""
     return tensor._version
+
+
+def set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
+    """Set autograd's version counters of ``tensors`` back to ``versions``: a fully sharded
+    parameter gathered again for its backward pass holds the values its forward pass saved,
+    though written anew (FSDP2 keeps its counters the same way). No public API sets them."""
+    torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))

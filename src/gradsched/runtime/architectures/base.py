@@ -46,8 +46,14 @@ class Stepping(Protocol):
     ``step()``, a module's forward pass, ``synchronize()``, clipping and the optimizer's
     checkpoint do with the reduced gradients."""
 
-    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
-        """Hooks of its own on the parameters (their handles, removed with the plane's)."""
+    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
+        """Hooks of its own on the parameters and on the modules of ``waits`` (the Dependency
+        Proxy's map: :class:`~gradsched.runtime.training.waits.ModuleWaits`); their handles,
+        removed with the plane's. Registered after the plane's own."""
+
+    def close(self, wait: bool) -> None:
+        """The plane closes (its hooks removed): leave the parameters as the model holds them
+        without this architecture; with ``wait`` every rank closes alike (collectives allowed)."""
 
     def step(self, snapshot: Any, plan: Any) -> None:
         """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
@@ -116,6 +122,7 @@ class Architecture:
     link_model: ClassVar[str] = "allreduce"  # what plans (the simulator) model a message's link as
     predicts_trial: ClassVar[bool] = False  # the simulator predicts the measured trial (the link is probed)
     hands_out_dtensors: ClassVar[bool] = False  # .grad is a DTensor: a process group for torch's collectives on it
+    gathers_parameters: ClassVar[bool] = False  # parameters freed between uses: a process group for their gathers
     buffers_on_data_plane: ClassVar[bool] = True  # buffers broadcast on the user's backend (the "broadcasts"
     #   group, issued by the launcher); else at once on the workers' gloo group ("buffers")
     comm_hook_refusal: ClassVar[str | None] = None  # why a DDP communication hook cannot run (None: it can)

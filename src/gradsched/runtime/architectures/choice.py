@@ -7,7 +7,7 @@ architecture='ps' (servers=2)
 >>> choose(RuntimeConfig(architecture="ring"))
 Traceback (most recent call last):
 ...
-ValueError: architecture must be 'allreduce', 'ps' or 'sharded', got 'ring'
+ValueError: architecture must be 'allreduce', 'ps', 'sharded' or 'fully_sharded', got 'ring'
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 from gradsched.runtime.architectures.allreduce import AllReduce
 from gradsched.runtime.architectures.base import Architecture
 from gradsched.runtime.architectures.servers import ParameterServers
-from gradsched.runtime.architectures.sharded import Sharded
+from gradsched.runtime.architectures.sharded import FullySharded, Sharded
 from gradsched.runtime.config import RuntimeConfig
 
 #: what a user may name, and what each builds (DDP's reducer is handed off to, never named)
-NAMES = ("allreduce", "ps", "sharded")
+NAMES = ("allreduce", "ps", "sharded", "fully_sharded")
 
 
 def choose(config: RuntimeConfig) -> Architecture:
@@ -33,4 +33,5 @@ def choose(config: RuntimeConfig) -> Architecture:
         return ParameterServers(servers)
     if servers:
         raise ValueError("servers only apply to architecture='ps'")
-    return Sharded() if name == "sharded" else AllReduce()
+    built = {"sharded": Sharded, "fully_sharded": FullySharded, "allreduce": AllReduce}
+    return built[name]()

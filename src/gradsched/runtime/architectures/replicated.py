@@ -28,8 +28,11 @@ class ReplicatedStepping:
         self.updates = updates
         self.everything = range(len(updates.params))
 
-    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
         return []  # .grad is the reduced gradient itself: autograd accumulates into it as under DDP
+
+    def close(self, wait: bool) -> None:
+        """Nothing: the parameters are the model's own throughout."""
 
     def step(self, snapshot: Snapshot, plan: Any) -> None:
         if not plan.cross_barrier:  # like DDP: wait, then update all

@@ -15,7 +15,12 @@ order, so that nothing it sends can be confused with the user's collectives:
   one communicator runs on one stream, in order, so a broadcast on ``data`` would wait for
   every message of the round before it, and the first layer with buffers with it;
 * ``buffers``: workers (gloo): buffers with parameter servers, join's final copy of the model;
-* ``plans`` (ps only): every rank (gloo): plans forwarded to servers, and checks at wrap.
+* ``plans`` (ps only): every rank (gloo): plans forwarded to servers, and checks at wrap;
+* ``tensors`` (sharded): every rank, the user's backend: what torch issues on the DTensor
+  gradients sharding hands out (a norm), apart from the data plane's order;
+* ``gathers`` (fully sharded): every rank, the user's backend: the parameters' all-gathers
+  before each module's forward and backward pass, issued by the gathering thread
+  (:mod:`gradsched.runtime.architectures.sharded.full`) in the order of its queue.
 
 Each group has one thread that issues on it, in an order every rank shares: ``data`` and
 ``broadcasts`` the launcher (:mod:`gradsched.runtime.comm.launcher`; at wrap time, before the
@@ -83,6 +88,7 @@ class Groups:
     plans: dist.ProcessGroup | None = None  # parameter servers only
     broadcasts: dist.ProcessGroup | None = None  # all-reduce and sharded only
     tensors: dist.ProcessGroup | None = None  # sharded only: what torch issues on its DTensor gradients
+    gathers: dist.ProcessGroup | None = None  # fully sharded only: the parameters' all-gathers
 
 
 @dataclass
@@ -95,7 +101,7 @@ class Topology:
 
     @classmethod
     def create(cls, config: RuntimeConfig, group: dist.ProcessGroup | None = None, servers: int = 0,
-               tensors: bool = False) -> Topology:
+               tensors: bool = False, gathers: bool = False) -> Topology:
         """Every rank's roles (the last ``servers`` ranks serve) and gradsched's groups among the
         ranks of ``group`` (the default group if None): a collective, every rank of ``group`` must
         call it. Ranks here are ``group``'s, as are those of every gradsched group made from it.
@@ -131,7 +137,8 @@ class Topology:
         plans = new(None, "gloo") if servers else None
         groups = Groups(control=new(parts, "gloo"), data=data, buffers=new(parts, "gloo"), plans=plans,
                         broadcasts=None if servers else new(None, wait=backend_wait),
-                        tensors=new(None, wait=backend_wait) if tensors else None)
+                        tensors=new(None, wait=backend_wait) if tensors else None,
+                        gathers=new(None, wait=backend_wait) if gathers else None)
         _CREATED.extend(g for g in (getattr(groups, f.name) for f in fields(groups)) if g is not None)
         return cls(rank, world, workers, servers, groups)
 
@@ -164,6 +171,10 @@ class Topology:
     @property
     def tensors(self) -> dist.ProcessGroup:
         return self._group("tensors")
+
+    @property
+    def gathers(self) -> dist.ProcessGroup:
+        return self._group("gathers")
 
     @property
     def is_server(self) -> bool:

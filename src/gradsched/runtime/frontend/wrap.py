@@ -118,7 +118,7 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
     stray = stray_parameters(model, optimizer, names, params) if optimizer is not None else []
     _take_over(model)
     topology = Topology.create(config, process_group, servers=architecture.servers,
-                               tensors=architecture.hands_out_dtensors)
+                               tensors=architecture.hands_out_dtensors, gathers=architecture.gathers_parameters)
     with failing_rank(f"{entry()}: checking the ranks against each other"):
         check_across_ranks(names, params, scheduling.as_dict(), config, topology.everyone)
     if not topology.servers:  # all-reduce (servers move point to point); the same compression everywhere

@@ -119,13 +119,13 @@ class Plane:
         """Register the hooks of gradients, sparse gradients and modules."""
         for p in self.params:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        self._handles.extend(self.stepping.attach(self.params))
         self._handles.extend(self.sparse.attach())
         self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
         self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
         for module in self.model.modules():
             if module in self.waits.hooked or module in self.buffer_sync.owners:
                 self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
+        self._handles.extend(self.stepping.attach(self.params, self.waits))  # run after the plane's own
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -202,6 +202,7 @@ class Plane:
             self.detach()
             if self.unused is not None:
                 self.unused.close()
+            self.stepping.close(wait and not self.broken and self.exchange.error is None)
 
     def stop(self, wait: bool) -> None:
         """Stop the threads and let go of the groups (after :meth:`close`)."""

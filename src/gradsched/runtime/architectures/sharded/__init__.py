@@ -6,7 +6,9 @@ module's forward pass waits for its own parameters' all-gathers.
 
 * :mod:`~gradsched.runtime.architectures.sharded.shards`: the shards, the plans' coordinates
   over them, how a message's gradients are packed, and the reduce-scatter transport;
-* :mod:`~gradsched.runtime.architectures.sharded.stepping`: the training thread's side.
+* :mod:`~gradsched.runtime.architectures.sharded.stepping`: the training thread's side;
+* :mod:`~gradsched.runtime.architectures.sharded.full`: ``architecture="fully_sharded"``
+  (:class:`FullySharded`), the parameters sharded too between uses.
 
 Plans model a message as one all-reduce's time (the link estimate learns its bytes' speed);
 the measured trial is decided by measurement alone. What it refuses: optimizers that need
@@ -25,6 +27,7 @@ import torch
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.architectures.allreduce import compressed
 from gradsched.runtime.architectures.base import Architecture, CommHook
+from gradsched.runtime.architectures.sharded.full import MiB, FullyShardedStep, Gatherer
 from gradsched.runtime.architectures.sharded.shards import ReduceScatter, ShardedLayout, Shards
 from gradsched.runtime.architectures.sharded.stepping import ShardedStep, check_elementwise
 from gradsched.runtime.comm.pairwise import pairwise_for
@@ -43,6 +46,8 @@ class Sharded(Architecture):
     join_refusal = ("a joined rank would have to update its shards and serve the all-gathers; use "
                     "architecture='allreduce', or give every rank the same number of batches")
 
+    separate_shards = False  # each shard memory of its own, apart from its parameter's
+
     def __init__(self) -> None:
         self.shards: Shards | None = None  # this rank's (built with the plans' specs)
 
@@ -52,7 +57,7 @@ class Sharded(Architecture):
             (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
             (config.find_unused_parameters, "find_unused_parameters=True"),
         ]
-        return [f"architecture='sharded' does not support {what} yet; use architecture='allreduce'"
+        return [f"architecture={self.name!r} does not support {what} yet; use architecture='allreduce'"
                 for failed, what in refused if failed]
 
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -60,7 +65,8 @@ class Sharded(Architecture):
 
     def specs(self, names: Sequence[str], params: Sequence[torch.Tensor], topology: Topology,
               config: RuntimeConfig, comm_hook: CommHook | None) -> list[TensorSpec]:
-        self.shards = Shards(names, params, topology.rank, topology.num_workers, config.compression)
+        self.shards = Shards(names, params, topology.rank, topology.num_workers, config.compression,
+                             separate=self.separate_shards)
         return self.shards.specs()
 
     def transport(self, topology: Topology, names: Sequence[str], params: Sequence[torch.Tensor],
@@ -83,3 +89,39 @@ class Sharded(Architecture):
 
     def open(self, co: Any) -> Plane:
         return Plane(co, self)
+
+
+class FullySharded(Sharded):
+    """Sharded, and each module's parameters whole only around its forward and backward passes
+    (:mod:`gradsched.runtime.architectures.sharded.full`)."""
+
+    name = "fully_sharded"
+    gathers_parameters = True
+    separate_shards = True
+
+    def refusals(self, params: Sequence[torch.Tensor], config: RuntimeConfig, backend: str) -> list[str]:
+        refused = super().refusals(params, config, backend)
+        storages = [p.untyped_storage() for p in params]
+        own = all(s.nbytes() == p.numel() * p.element_size() for s, p in zip(storages, params)) and \
+            len({s.data_ptr() for s in storages}) == len(params)
+        more = [(config.compression is not None, f"compression={config.compression!r}"),
+                (any(p.dim() == 0 for p in params), "0-dimensional parameters (a scalar cannot be cut by rows)"),
+                (not own, "parameters that share memory or are views of a larger tensor (each is freed whole "
+                          "between uses)")]
+        return refused + [f"architecture='fully_sharded' does not support {what} yet; use architecture='sharded'"
+                          for failed, what in more if failed]
+
+    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+                 config: RuntimeConfig) -> FullyShardedStep:
+        group = topology.gathers
+        pairwise = pairwise_for(group)
+        shards = self.shards
+
+        def gatherer(units: Sequence[Sequence[int]]) -> Gatherer:
+            largest = max((sum(shards.params[i].numel() * shards.params[i].element_size() for i in u)
+                           for u in units), default=1)
+            budget = int(config.gather_budget_mb * MiB) if config.gather_budget_mb is not None else 2 * largest
+            return Gatherer(shards, units, max(budget, 1), pairwise, group, exchange.device, config.timeout)
+
+        return FullyShardedStep(shards, exchange, partial(getattr, topology, "data"), handover, updates,
+                                config.timeout, gatherer)

@@ -80,7 +80,9 @@ class Shards:
     gradient."""
 
     def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], rank: int, world: int,
-                 compression: str | None = None) -> None:
+                 compression: str | None = None, separate: bool = False) -> None:
+        """``separate``: each shard is memory of its own, not a view of its parameter (which
+        fully sharded frees between uses); with compression it always is (the masters)."""
         self.names = list(names)
         self.params = list(params)
         self.index = {name: i for i, name in enumerate(self.names)}
@@ -88,6 +90,7 @@ class Shards:
         self.size = [_shard_elements(p, world) for p in self.params]  # c: shard elements, padding included
         self.start: list[int] = []  # where this rank's shard of each parameter begins in it (flattened)
         self.wire = wire_dtype(compression)  # what both phases travel as (None: the parameters' dtype)
+        self.separate = separate or self.wire is not None  # shards apart from the parameters' memory
         self.tensors: list[torch.Tensor] = []  # this rank's shard of each parameter (may be empty)
         self.grads: list[torch.Tensor] = []  # its averaged gradient (c elements; the valid ones first)
         for p, c in zip(self.params, self.size):
@@ -95,7 +98,7 @@ class Shards:
             end = min(start + c, p.numel())
             self.start.append(start)
             view = p.detach().view(-1)[start:end]
-            self.tensors.append(view if self.wire is None else view.clone())
+            self.tensors.append(view.clone() if self.separate else view)
             self.grads.append(torch.zeros(c, dtype=p.dtype, device=p.device))
         self.of_param = {id(p): i for i, p in enumerate(self.params)}
         self.pairwise: Pairwise | None = None  # gloo: the phases as point-to-point operations (set by the plane)
@@ -138,6 +141,35 @@ class Shards:
             placement = Shard(0)
         return DTensor.from_local(local, self.mesh, [placement], shape=p.shape, stride=p.stride(), run_check=False)
 
+    def param_of(self, i: int) -> torch.Tensor:
+        """Parameter ``i``'s value as torch sees a sharded one (fully sharded's ``state_dict()``
+        entry): a DTensor whose local part is this rank's shard (``Shard(0)``), over the shard's
+        own memory; ``full_tensor()`` (a collective) gives it whole."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        p = self.params[i]
+        local = self.tensors[i].detach().view(-1, *p.shape[1:])
+        return DTensor.from_local(local, self.mesh, [Shard(0)], shape=p.shape, stride=p.stride(), run_check=False)
+
+    def load(self, i: int, value: torch.Tensor) -> None:
+        """This rank's shard of parameter ``i`` from ``value``: the whole parameter, or a DTensor
+        cut as :meth:`param_of`'s (its local part)."""
+        from torch.distributed.tensor import DTensor
+
+        p, shard = self.params[i], self.tensors[i]
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(f"size mismatch for {self.names[i]}: copying a param with shape {tuple(value.shape)}, "
+                             f"the shape in the current model is {tuple(p.shape)}")
+        if isinstance(value, DTensor):
+            local = value.to_local().reshape(-1)
+            if local.numel() != shard.numel():
+                raise ValueError(f"{self.names[i]}: a DTensor cut otherwise than this model's shards "
+                                 f"({local.numel()} elements here, {shard.numel()} expected)")
+        else:
+            local = value.detach().reshape(-1)[self.start[i]:self.start[i] + shard.numel()]
+        with torch.no_grad():
+            shard.copy_(local)
+
     def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
         return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]
 
@@ -164,11 +196,11 @@ class Shards:
 
     def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
         """Every rank's parts of ``slices`` (rank-major ``gathered``) into the parameters; this
-        rank's own only with compression (without, the step updated it there in place)."""
+        rank's own only where the shards are separate (else the step updated it there in place)."""
         total = sum(count for _, _, count in slices)
         with torch.no_grad(), self._lock:
             for r in range(self.world):
-                if r == self.rank and self.wire is None:
+                if r == self.rank and not self.separate:
                     continue
                 position = r * total
                 for name, first, count in slices:
@@ -195,7 +227,7 @@ class Shards:
         on the calling thread; a future that completes once they are back in the parameters
         (behind its events, on a device with streams: wait() for it before reading them)."""
         slices = message.slices
-        if self.pairwise is not None and self.wire is None:  # in place, no buffer
+        if self.pairwise is not None and not self.separate:  # in place, no buffer
             mine = self._spans(slices, self.rank)
             theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
             return device.issue(group, lambda: self.pairwise.exchange(mine, theirs))
@@ -217,6 +249,31 @@ class Shards:
             self.unpack(slices, gathered)
 
         return future.then(unpack)
+
+
+    def gather_whole(self, indices: Sequence[int], pairwise: Pairwise, group: dist.ProcessGroup,
+                     device: Device) -> Any:
+        """All-gather parameters ``indices`` whole into their own memory (allocated by the
+        caller), issued through ``device`` on the calling thread, on gloo in place: this rank's
+        shard is copied into its part, the others' parts are received straight into theirs.
+        Autograd's version counters are left as they were (a forward pass may have saved the
+        parameters; their values are the same ones again): a future that completes once they
+        are whole."""
+        params = [self.params[i] for i in indices]
+        versions = tuple(torch_private.version(p) for p in params)
+        slices = [(self.names[i], 0, self.size[i]) for i in indices]
+        with torch.no_grad():
+            for i in indices:
+                shard = self.tensors[i]
+                self.params[i].detach().view(-1)[self.start[i]:self.start[i] + shard.numel()].copy_(shard)
+        mine = self._spans(slices, self.rank)
+        theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
+
+        def whole(done: torch.futures.Future) -> None:
+            done.value()  # raises if an operation failed
+            torch_private.set_versions(params, versions)
+
+        return device.issue(group, lambda: pairwise.exchange(mine, theirs)).then(whole)
 
 
 class ShardedLayout:

@@ -91,12 +91,15 @@ class ShardedStep:
         self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
         handover.reduced_grad = lambda i, _: shards.grad_of(i)  # .grad: this rank's shard of the average
 
-    def attach(self, params: Sequence[torch.Tensor]) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
         """Before autograd accumulates into a parameter whose ``.grad`` is this rank's averaged
         shard (a DTensor: a plain gradient cannot be added to it), that shard is set aside and
         ``.grad`` emptied; it is added to the next average once reduced, as DDP's ``.grad`` adds
         a backward pass's average to what it held."""
         return [p.register_hook(partial(self._before_accumulating, i)) for i, p in enumerate(params)]
+
+    def close(self, wait: bool) -> None:
+        """Nothing: every parameter is whole on every rank throughout."""
 
     def _before_accumulating(self, i: int, grad: torch.Tensor) -> None:
         p = self.shards.params[i]
@@ -116,6 +119,10 @@ class ShardedStep:
         if self.updates.optimizer is not None:
             with self._on_shards(everything):
                 self.updates.apply_now(everything, snapshot)
+        self._updated(plan)
+
+    def _updated(self, plan: Plan) -> None:
+        """The shards are updated: queue the all-gathers of ``plan``'s messages on the launcher."""
         order = sorted(range(len(plan.messages)),  # the first layers first
                        key=lambda k: min(self.shards.index[name] for name in plan.messages[k].tensors))
         messages = [plan.messages[k] for k in order]
