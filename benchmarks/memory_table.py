@@ -33,10 +33,13 @@ ARMS = {
     "ddp-view": "params 1 + grads 1 + AdamW 2",
     "ddp-zero": "params 1 + grads 1 + buckets 1 + AdamW 1",
     "fsdp2": "params 1/2 + grads 1/2 + AdamW 1 + one layer gathered",
+    "fsdp2-noreshard": "params 1/2 + grads 1/2 + AdamW 1 + every layer gathered from forward to backward",
     "fifo": "params 1 + grads 1 + AdamW 2",
     "bytescheduler": "params 1 + grads 1 + AdamW 2",
     "prophet": "params 1 + grads 1 + AdamW 2",
     "prophet-sharded": "params 1 + grads 1/2 + AdamW 1",
+    "fifo-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered (the default budget)",
+    "prophet-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered (the default budget)",
 }
 
 
@@ -49,10 +52,11 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    from gradsched.bench.memory import PeakMemory
+    from gradsched.bench.memory import HeapPeak, PeakMemory
 
-    memory = PeakMemory()
+    memory, heap = PeakMemory(), HeapPeak()
     memory.start()
+    heap.start()
     model = _model()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     if arm.startswith("ddp"):
@@ -65,12 +69,12 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
             optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    elif arm == "fsdp2":
+    elif arm.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
 
         for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, reshard_after_forward=arm == "fsdp2")
+        fully_shard(model, reshard_after_forward=arm == "fsdp2")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     else:
         import gradsched
@@ -86,11 +90,11 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
         optimizer.step()
     if hasattr(optimizer, "close"):
         optimizer.close()
-    peak = memory.stop()
+    peak, heap_peak = memory.stop(), heap.stop()
     state = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
              for name, p in model.named_parameters()}
     if rank == 0:
-        torch.save({"peak_bytes": peak, "param_bytes": params,
+        torch.save({"peak_bytes": peak, "heap_peak_bytes": heap_peak, "param_bytes": params,
                     "params": {n.removeprefix("module."): v for n, v in state.items()}}, out)
     dist.barrier()
     dist.destroy_process_group()
@@ -109,12 +113,14 @@ def measure(arm: str) -> dict:
         return torch.load(out)
 
 
-HEADER = ["| arm | peak (P) | must hold at least | max abs diff from DDP |", "|---|---:|---|---:|"]
+HEADER = ["| arm | peak (P) | allocated at most (P) | must hold at least | max abs diff from DDP |",
+          "|---|---:|---:|---|---:|"]
 
 
 def row(arm: str, result: dict) -> str:
-    diff = result["max_abs_diff_from_ddp"]
-    return f"| {arm} | {result['peak_p']:.2f} | {ARMS[arm]} | {'-' if diff is None else f'{diff:.1e}'} |"
+    diff, heap = result["max_abs_diff_from_ddp"], result.get("heap_peak_p")
+    return (f"| {arm} | {result['peak_p']:.2f} | {'-' if heap is None else f'{heap:.2f}'} | {ARMS[arm]} | "
+            f"{'-' if diff is None else f'{diff:.1e}'} |")
 
 
 def table(data: dict) -> str:
@@ -144,7 +150,9 @@ def main() -> None:
             reference = got["params"]
         diff = None if reference is None else max(
             (got["params"][n] - v).abs().max().item() for n, v in reference.items())
+        heap = got.get("heap_peak_bytes")
         results[arm] = {"peak_p": got["peak_bytes"] / got["param_bytes"], "param_bytes": got["param_bytes"],
+                        "heap_peak_p": None if heap is None else heap / got["param_bytes"],
                         "peak_bytes": got["peak_bytes"], "max_abs_diff_from_ddp": diff}
         print(row(arm, results[arm]), flush=True)
     if args.json:

@@ -76,7 +76,11 @@ def plot_bench(data: dict, path: str | Path) -> None:
     policy), or bars for a single bandwidth; from ``gradsched bench --json`` data."""
     rows = data["results"]
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    with_memory = any(r.get("peak_memory_bytes") for r in rows)
+    fig, axes = plt.subplots(1, 3 if with_memory else 2, figsize=(16 if with_memory else 11, 4))
+    left, right = axes[0], axes[1]
+    if with_memory:
+        _time_against_memory(axes[2], rows)
     bandwidths = sorted({r["bandwidth_gbps"] or 0.0 for r in rows})
     for policy in policies:
         mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["bandwidth_gbps"] or 0.0)
@@ -106,6 +110,21 @@ def plot_bench(data: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _time_against_memory(ax, rows: Sequence[dict]) -> None:
+    """Each run's iteration time against its peak memory per rank (the resident set's high-water
+    mark added by the run; on CUDA the allocator's peak): lower left is better."""
+    for r in rows:
+        if not r.get("peak_memory_bytes"):
+            continue
+        label = r["policy"] + ("" if r.get("bandwidth_gbps") is None else f" @{r['bandwidth_gbps']:.3g}")
+        x, y = r["peak_memory_bytes"] / (1 << 20), r["iteration_s"] * 1e3
+        ax.scatter([x], [y], s=18)
+        ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("peak memory per rank (MiB)")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title("time against memory", fontsize=9)
 
 
 _TRACE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "message": "#55A868", "wait": "#C44E52"}

@@ -28,9 +28,17 @@ def test_sharded_rows_follow_each_policy_beside_all_reduce_only():
     config = BenchConfig(model="replay-mini", policies=("ddp", "ddp-zero", "prophet"), sharded=True)
     assert [r.name for r in config.runs] == ["ddp", "ddp-zero", "prophet", "prophet+sharded"]
     assert WorkerConfig.from_json(payload(config, None, None)).runs[3] == Run("prophet", sharded=True)
-    with pytest.raises(ValueError, match="--sharded runs beside all-reduce"):
+    with pytest.raises(ValueError, match="--sharded and --fully-sharded run beside all-reduce"):
         BenchConfig(model="replay-mini", sharded=True, arch="ps", servers=1, policies=("fifo",))
     assert BenchConfig(model="replay-mini", sharded=True, compression="bf16").runs[-1].name == "prophet+sharded"
+
+
+def test_fully_sharded_rows_follow_each_policy_and_name_their_architecture():
+    config = BenchConfig(model="replay-mini", policies=("ddp", "fsdp2", "prophet"), sharded=True, fully_sharded=True)
+    assert [r.name for r in config.runs] == ["ddp", "fsdp2", "prophet", "prophet+sharded", "prophet+fully_sharded"]
+    sent = WorkerConfig.from_json(payload(config, None, None)).runs
+    assert sent[4] == Run("prophet", fully_sharded=True)
+    assert [r.architecture for r in sent[2:]] == [{}, {"architecture": "sharded"}, {"architecture": "fully_sharded"}]
 
 
 def test_the_payload_round_trips():

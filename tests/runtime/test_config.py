@@ -34,7 +34,7 @@ def test_bad_options_say_what_to_fix(options, error, match):
 
 
 @pytest.mark.parametrize("options,match", [
-    ({"architecture": "ring"}, "architecture must be 'allreduce', 'ps' or 'sharded', got 'ring'"),
+    ({"architecture": "ring"}, "architecture must be 'allreduce', 'ps', 'sharded' or 'fully_sharded', got 'ring'"),
     ({"architecture": "ps"}, "needs servers >= 1, got 0"),
     ({"servers": 2}, "servers only apply to architecture='ps'"),
 ])

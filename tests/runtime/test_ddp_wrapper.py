@@ -123,7 +123,7 @@ def test_the_policy_comes_from_the_environment_when_not_given(world_of_one, monk
     ({"policy": "fastest"}, ValueError, "unknown policy 'fastest'"),
     ({"exit_server": False}, TypeError, "no longer takes 'exit_server': on a parameter-server rank wrap"),
     ({"architecture": "ps", "servers": 1}, GradschedError, "parameter servers .architecture='ps'. need gradsched.wrap"),
-    ({"architecture": "ring"}, ValueError, "architecture must be 'allreduce', 'ps' or 'sharded', got 'ring'"),
+    ({"architecture": "ring"}, ValueError, "architecture must be 'allreduce', 'ps', 'sharded' or 'fully_sharded', got 'ring'"),
     ({"replan_evry": 3}, TypeError, "^gradsched.DistributedDataParallel\\(\\) got an unknown option 'replan_evry'"),
     ({"timeout": "soon"}, TypeError, "^gradsched.DistributedDataParallel: timeout must be float"),
 ])

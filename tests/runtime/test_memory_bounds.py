@@ -63,7 +63,8 @@ def test_sharded_lets_go_of_each_local_gradient_once_its_reduce_scatters_ended(w
     """ZeRO-2's release: once a backward pass's messages have finished, nothing of gradsched's
     holds the rank's whole local gradients (the data plane's board let go of each as its last
     message ended, and ``.grad`` is the DTensor of this rank's shard of the average, over the
-    shard-sized buffer)."""
+    shard-sized buffer); ``zero_grad(set_to_none=True)`` then frees the shard-sized ones (only
+    ``.grad`` held them)."""
     import weakref
 
     from torch.distributed.tensor import DTensor
@@ -86,6 +87,9 @@ def test_sharded_lets_go_of_each_local_gradient_once_its_reduce_scatters_ended(w
         assert len(local) == 2 * LAYERS and all(ref() is None for ref in local)  # freed
         assert all(isinstance(p.grad, DTensor) for p in model.parameters())
         optimizer.step()
+        averaged = [weakref.ref(p.grad._local_tensor) for p in model.parameters()]
+        optimizer.zero_grad(set_to_none=True)  # frees the averaged shards too, as FSDP2's zero_grad does
+        assert all(ref() is None for ref in averaged)
     optimizer.close()
 
 

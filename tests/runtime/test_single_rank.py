@@ -220,7 +220,7 @@ def test_wrap_needs_an_initialised_process_group():
         (dict(policy_options={"credit": 1}), ValueError, "has no option 'credit'"),
         (dict(profile_rounds=0), ValueError, "profile_rounds must be >= 1"),
         (dict(timeout=0), ValueError, "timeout must be > 0"),
-        (dict(architecture="ring"), ValueError, "architecture must be 'allreduce', 'ps' or 'sharded'"),
+        (dict(architecture="ring"), ValueError, "architecture must be 'allreduce', 'ps', 'sharded' or 'fully_sharded'"),
         (dict(architecture="ps"), ValueError, "needs servers >= 1"),
         (dict(servers=2), ValueError, "servers only apply to architecture='ps'"),
         (dict(architecture="ps", servers=1), GradschedError, "cannot hold 1 servers and at least one worker"),

@@ -91,6 +91,10 @@ def _add_variants(bench) -> None:
     bench.add_argument("--sharded", action="store_true",
                        help="also run each policy with architecture='sharded' ('+sharded' rows: every rank owns 1/n "
                             "of the parameters and optimizer state)")
+    bench.add_argument("--fully-sharded", action="store_true",
+                       help="also run each policy with architecture='fully_sharded' ('+fully_sharded' rows: the "
+                            "parameters too, gathered around each module's forward and backward pass; compare with "
+                            "the fsdp2 and fsdp2-noreshard baselines)")
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
@@ -112,6 +116,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         batch=args.batch, device=args.device, trace_dir=args.trace_dir, timeout_s=parse_duration(args.timeout),
         loopback=args.loopback, fallback=not args.no_fallback, options=tuple(parse_sets(args.set, policies)), arch=args.arch,
         servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip, sharded=args.sharded,
+        fully_sharded=args.fully_sharded,
         compression=args.compression, dilation=_dilation(args.dilation), mtu=args.mtu,
     )
 

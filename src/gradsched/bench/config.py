@@ -40,6 +40,7 @@ class BenchConfig:
     autotune_trials: int = 0  # > 0: each tunable policy also runs as "POLICY+autotune"
     clip: float = 0.0  # > 0: ddp and each policy also run clipping gradients to this global norm ("+clip" rows)
     sharded: bool = False  # each gradsched policy also runs with architecture="sharded" ("+sharded" rows)
+    fully_sharded: bool = False  # ... and with architecture="fully_sharded" ("+fully_sharded" rows)
     compression: str | None = None  # "bf16"/"fp16": gradsched's policies run with wrap(compression=...)
     procs_per_node: int = 1  # ranks per emulated host (a namespace, one tc-limited link shared by its ranks)
     launcher: str = "direct"  # "direct": the runner starts every rank; "torchrun": one torchrun per host
@@ -62,8 +63,8 @@ class BenchConfig:
                                  "policy over the servers: drop them from --policy")
         elif self.servers:
             raise ValueError("--servers only applies to --arch ps")
-        if self.sharded and self.arch != "allreduce":
-            raise ValueError("--sharded runs beside all-reduce: drop --arch ps")
+        if (self.sharded or self.fully_sharded) and self.arch != "allreduce":
+            raise ValueError("--sharded and --fully-sharded run beside all-reduce: drop --arch ps")
         if isinstance(self.procs_per_node, bool) or not isinstance(self.procs_per_node, int) \
                 or self.procs_per_node < 1:
             raise ValueError(f"--procs-per-node must be a whole number >= 1, got {self.procs_per_node!r}")
@@ -111,7 +112,7 @@ class BenchConfig:
     @property
     def runs(self) -> list[Run]:
         """What is measured, in order: each policy, followed by its autotuned run, its run with
-        clipping and its sharded run (each row is named for its run: ``Run.name``)."""
+        clipping and its sharded runs (each row is named for its run: ``Run.name``)."""
         from ..tune.space import DEFAULT_RANGES
 
         runs = []
@@ -123,6 +124,8 @@ class BenchConfig:
                 runs.append(Run(policy, clip=self.clip))
             if self.sharded and policy in POLICIES:
                 runs.append(Run(policy, sharded=True))
+            if self.fully_sharded and policy in POLICIES:
+                runs.append(Run(policy, fully_sharded=True))
         return runs
 
     def run_named(self, name: str) -> Run:

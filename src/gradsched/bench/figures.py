@@ -125,7 +125,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
         run = config.run_named(policy)
         base = run.policy
         # predict what actually ran (the simulator does not model clipping's wait for every reduction)
-        if work.table is not None and base not in BASELINES and not run.clip:
+        if work.table is not None and base not in BASELINES and not run.clip and not run.fully_sharded:
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset

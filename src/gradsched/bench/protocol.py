@@ -19,7 +19,7 @@ SERVERS_ONLY = "communication only through the servers"
 
 # -- what the runner tells every rank (the worker's one argument) ----------------------------------
 
-CLIP, AUTOTUNE, SHARDED = "clip", "autotune", "sharded"  # the variants of a run, after a "+" in its name
+CLIP, AUTOTUNE, SHARDED, FULLY = "clip", "autotune", "sharded", "fully_sharded"  # a run's variants, after a "+"
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,17 @@ class Run:
     clip: float = 0.0  # > 0: clip gradients to this global norm ("+clip")
     autotune_trials: int = 0  # > 0: tuned online with this many candidates ("+autotune")
     sharded: bool = False  # architecture="sharded" ("+sharded")
+    fully_sharded: bool = False  # architecture="fully_sharded" ("+fully_sharded")
 
     @property
     def name(self) -> str:
         return self.policy + (f"+{CLIP}" if self.clip else f"+{AUTOTUNE}" if self.autotune_trials
-                              else f"+{SHARDED}" if self.sharded else "")
+                              else f"+{SHARDED}" if self.sharded else f"+{FULLY}" if self.fully_sharded else "")
+
+    @property
+    def architecture(self) -> dict:
+        """The architecture option of a gradsched run ({}: all-reduce, the default)."""
+        return {"architecture": SHARDED} if self.sharded else {"architecture": FULLY} if self.fully_sharded else {}
 
     @property
     def is_ddp(self) -> bool:

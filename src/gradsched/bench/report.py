@@ -56,6 +56,10 @@ def _percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction * 100:.0f}%"
 
 
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / (1 << 20):.1f}"
+
+
 def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
     work = workload(config.model, config.batch, config.device)
     lines = []
@@ -98,7 +102,8 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
             lines.append(f"  host CPUs busy: {', '.join(busy)} (the ranks and the network's kernel work share them)")
         versus = f"vs {config.reference}"
         width = max([14] + [len(row.policy) for row in s.rows])
-        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4}  plan")
+        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4} "
+                     f"{'peak MiB':>8} {'alloc MiB':>9}  plan")
         for row in s.rows:
             predicted = f"{row.predicted_s * 1e3:8.1f}ms" if row.predicted_s else f"{'-':>10}"
             gain = row.speedup(config.reference)
@@ -109,6 +114,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
                                          for k, v in tuned.items()) + ")"
             lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
-                         f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4}  {plan}")
+                         f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4} "
+                         f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

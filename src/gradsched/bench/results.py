@@ -25,7 +25,8 @@ class RunReport:
     autotune: dict | None = None  # the online tuner's report
     bucket_cap_mb: float | None = None  # DDP baselines: the bucket size (ddp-tuned: the fastest)
     optimizer_state_bytes: int | None = None
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None  # the resident set's high-water mark added by the run (gradsched.bench.memory)
+    peak_allocated_bytes: int | None = None  # the most bytes allocated at once above the run's start
 
     def described(self) -> dict[str, Any]:
         """Everything but its times, the fields it has (a row's ``reported``)."""

@@ -33,7 +33,7 @@ from gradsched.runtime.architectures.servers.pushpull import cut, message_tag
 
 from .ddp_trace import DdpTracer
 from .host import HostCpu
-from .memory import PeakMemory
+from .memory import RunMemory
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
 from .config import FSDP2
 from .workloads import ReplayOptimizer, local, workload
@@ -122,6 +122,7 @@ class _Rank:
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
         self.iters, self.warmup = config.iters, config.warmup
+        self.memory = RunMemory()  # the run being measured: its peaks
         self.phases = len(config.runs) + (3 if self.servers else 2)  # the runs, then the baselines
         self.cpu: dict[str, float | None] = {}  # phase -> the host's CPU busy fraction over its timed steps
 
@@ -189,8 +190,7 @@ class _Rank:
         model, opt = self.fresh()
         base, tune = run.policy, run.autotune_trials
         trace = f"{config.trace_dir}/{run.name}.json" if config.trace_dir else None
-        ps = {"architecture": "ps", "servers": self.servers} if self.servers else \
-            {"architecture": "sharded"} if run.sharded else {}
+        ps = {"architecture": "ps", "servers": self.servers} if self.servers else run.architecture
         model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config.profile_rounds,
                                     compression=config.compression,
                                     fallback=config.fallback, trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
@@ -203,6 +203,7 @@ class _Rank:
                             self.group)
         stats = opt.stats.as_dict()
         state = optimizer_state_bytes(opt)
+        self.memory.stop()  # the run's peak: before close(), which may gather parameters whole again
         opt.close()
         return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
                 "trial": stats["trial"], "autotune": stats["autotune"], "optimizer_state_bytes": state}
@@ -305,13 +306,12 @@ def run(config: WorkerConfig) -> None:
     dist.init_process_group("gloo")
     rank = _Rank(config)
     results: dict[str, dict] = {}
-    memory = PeakMemory()
     for k, one in enumerate(config.runs):
         emit("progress", policy=one.name, index=k, total=rank.phases)
-        memory.start()
+        rank.memory.start()
         result = rank.ddp(one) if one.is_ddp else rank.fsdp(one) if one.is_fsdp else rank.gradsched(one)
         if result is not None:
-            results[one.name] = {**result, "peak_memory_bytes": memory.stop()}
+            results[one.name] = {**result, **rank.memory.stop()}
     baselines = rank.baselines()  # the servers take part in communication only
     if baselines is not None:
         emit("result", policies=results, **baselines)

@@ -237,6 +237,9 @@ class Launcher:
                 idle: bool, produced: list[Any]) -> None:
         self.board.device.wait_for(produced)  # what follows runs after the streams that wrote the gradients
         buffers, results, targets = state.layout.pack(k, message, grads)
+        if getattr(state.layout, "reads_gradients_once", False) and not self.board.device.ordered:
+            with self.board.cond:  # packed (on the host: copied by now): what only the pack read can go
+                self._let_go(state, message, packed=True)
         launched_at = time.perf_counter()
         futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
                                         on_sent=partial(self._sent, state, k))
@@ -250,14 +253,16 @@ class Launcher:
         self.completion.track(futures, partial(self._resolved, state, k),
                               partial(self._finished, state, k, message, launched_at, idle))
 
-    def _let_go(self, state: RoundState, message: PlannedMessage) -> None:
-        """The gradients handed over whose every message of the round has finished: the board
-        lets go of them (under sharding the last reference to a rank's whole local gradient,
-        which the reduce-scatters read: ZeRO-2's release). Under the board's lock."""
+    def _let_go(self, state: RoundState, message: PlannedMessage, packed: bool = False) -> None:
+        """The gradients handed over whose every message of the round has finished (``packed``:
+        has been packed, where a layout reads the gradients only to pack them): the board lets
+        go of them (under sharding the last reference to a rank's whole local gradient, which
+        the reduce-scatters read: ZeRO-2's release). Under the board's lock."""
         board, follower = self.board, state.follower
+        over = (lambda m: m < follower.launched) if packed else (lambda m: follower.done[m])
         for name in dict.fromkeys(message.tensors):
             i = board.index[name]
-            if board.ready_round[i] == state.index and all(follower.done[m] for m in follower.messages_of[i]):
+            if board.ready_round[i] == state.index and all(map(over, follower.messages_of[i])):
                 board.grads[i] = None
                 board.produced[i] = None
 

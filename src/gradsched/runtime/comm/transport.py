@@ -167,6 +167,9 @@ class Waiter:
                 future.set_exception(self._describe(tag, exc) if self._describe else exc)
             else:
                 future.set_result(result)
+            # nothing of a finished group kept while waiting for the next: its works hold the
+            # buffers they sent and received (under sharding, a message's packed gradients)
+            item = works = future = tag = result = None
 
     def stop(self, timeout_s: float) -> None:
         """Finish what was queued, then end the thread."""

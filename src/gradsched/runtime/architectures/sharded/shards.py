@@ -20,7 +20,9 @@ its slices, then rank 1's, ...), which is what ``reduce_scatter_tensor`` and
 
 * backward: :class:`ShardedLayout` packs the gradients of a message (a copy), the
   :class:`ReduceScatter` transport divides it by ``n`` and reduce-scatters it in place, and
-  this rank's part, the average of its shard, is copied into :attr:`Shards.grads`;
+  this rank's part, the average of its shard, is copied into the shard's gradient buffer
+  (:meth:`Shards.grad_buffer`, allocated for the round and handed to ``.grad`` once reduced:
+  ``zero_grad(set_to_none=True)`` frees it, as it frees a gradient under FSDP2);
 * after the step: :meth:`Shards.gather` packs this rank's updated shard of a message and
   all-gathers it; the result is copied back into the parameters. On gloo, uncompressed, no
   buffer is packed: each rank sends its part of every slice from the parameter's own memory
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -92,14 +95,16 @@ class Shards:
         self.wire = wire_dtype(compression)  # what both phases travel as (None: the parameters' dtype)
         self.separate = separate or self.wire is not None  # shards apart from the parameters' memory
         self.tensors: list[torch.Tensor] = []  # this rank's shard of each parameter (may be empty)
-        self.grads: list[torch.Tensor] = []  # its averaged gradient (c elements; the valid ones first)
+        # the averaged gradient of each shard being reduced this round (c elements, the valid ones
+        # first), held here from its first message until .grad takes it over (grad_of): None between
+        self._reduced: list[torch.Tensor | None] = [None] * len(self.params)
+        self._handed: list[Any] = [None] * len(self.params)  # a weak reference to the .grad grad_of made
         for p, c in zip(self.params, self.size):
             start = min(rank * c, p.numel())
             end = min(start + c, p.numel())
             self.start.append(start)
             view = p.detach().view(-1)[start:end]
             self.tensors.append(view.clone() if self.separate else view)
-            self.grads.append(torch.zeros(c, dtype=p.dtype, device=p.device))
         self.of_param = {id(p): i for i, p in enumerate(self.params)}
         self.pairwise: Pairwise | None = None  # gloo: the phases as point-to-point operations (set by the plane)
         self.mesh: Any = None  # the DeviceMesh of the gradients' DTensors (its own group: see grad_of)
@@ -134,12 +139,31 @@ class Shards:
         from torch.distributed.tensor import DTensor, Partial, Shard
 
         p, shard = self.params[i], self.tensors[i]
+        with self._lock:
+            buffer, self._reduced[i] = self._reduced[i], None
+            if buffer is None:  # handed out already this round (or nothing reduced into it: zeros)
+                handed = self._handed[i]() if self._handed[i] is not None else None
+                if handed is not None:
+                    return handed
+                buffer = torch.zeros(self.size[i], dtype=p.dtype, device=p.device)
         if p.dim() == 0:
-            local, placement = self.grads[i][:1].view(()), Partial()
+            local, placement = buffer[:1].view(()), Partial()
         else:
-            local = self.grads[i][:shard.numel()].view(-1, *p.shape[1:])
+            local = buffer[:shard.numel()].view(-1, *p.shape[1:])
             placement = Shard(0)
-        return DTensor.from_local(local, self.mesh, [placement], shape=p.shape, stride=p.stride(), run_check=False)
+        grad = DTensor.from_local(local, self.mesh, [placement], shape=p.shape, stride=p.stride(), run_check=False)
+        self._handed[i] = weakref.ref(grad)  # .grad holds it: zero_grad(set_to_none=True) frees it
+        return grad
+
+    def grad_buffer(self, i: int) -> torch.Tensor:
+        """Where this round's averaged gradient of shard ``i`` goes: allocated at its first use
+        (zeros), until :meth:`grad_of` hands it to ``.grad``."""
+        with self._lock:
+            buffer = self._reduced[i]
+            if buffer is None:
+                p = self.params[i]
+                buffer = self._reduced[i] = torch.zeros(self.size[i], dtype=p.dtype, device=p.device)
+            return buffer
 
     def param_of(self, i: int) -> torch.Tensor:
         """Parameter ``i``'s value as torch sees a sharded one (fully sharded's ``state_dict()``
@@ -171,7 +195,7 @@ class Shards:
             shard.copy_(local)
 
     def grad_views(self, slices: Sequence[Slice]) -> list[torch.Tensor]:
-        return [self.grads[self.index[name]][first:first + count] for name, first, count in slices]
+        return [self.grad_buffer(self.index[name])[first:first + count] for name, first, count in slices]
 
     def _span(self, i: int, r: int, first: int, count: int) -> tuple[int, int]:
         """Where elements ``[r * c + first, ... + count)`` of parameter ``i`` lie in it, flattened
@@ -279,6 +303,10 @@ class Shards:
 class ShardedLayout:
     """Where a message's gradients travel from under sharding: packed rank-major (a copy), per
     dtype; nothing is fused in place, gradients stay where autograd put them."""
+
+    #: a message's gradients are read by its pack alone (its results go to the shards' buffers):
+    #: on the host the launcher lets go of each once every message carrying it is packed
+    reads_gradients_once = True
 
     def __init__(self, shards: Shards) -> None:
         self.shards = shards

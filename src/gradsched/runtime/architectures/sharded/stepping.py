@@ -145,7 +145,7 @@ class ShardedStep:
             p, shard = shards.params[i], shards.tensors[i]
             if p.grad is None or shard.numel() == 0:
                 continue
-            shard.grad = shards.grads[i][:shard.numel()]
+            shard.grad = self._local_grad(i)
             if p in state:
                 state[shard] = self._shard_of_state(state.pop(p), p, i)
             moved.append((p, shard))
@@ -231,8 +231,15 @@ class ShardedStep:
         self.wait_all()
 
     # -- clipping ------------------------------------------------------------------------------
+    def _local_grad(self, i: int) -> torch.Tensor:
+        """This rank's shard of parameter ``i``'s averaged gradient, flat: a view of ``.grad``'s
+        local part (the gradient's valid elements)."""
+        grad = plain(self.shards.params[i].grad)
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        return local.reshape(-1)[:self.shards.tensors[i].numel()]
+
     def _valid_grads(self) -> list[torch.Tensor]:
-        return [g[:t.numel()] for g, t, p in zip(self.shards.grads, self.shards.tensors, self.shards.params)
+        return [self._local_grad(i) for i, (t, p) in enumerate(zip(self.shards.tensors, self.shards.params))
                 if p.grad is not None and t.numel()]
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
