@@ -7,8 +7,12 @@ train the same model data-parallel: the table of docs/memory.md.
 
 An MLP of six 3072-wide layers (56.6M parameters, P = 226 MB in float32), AdamW, 2 gloo ranks
 on loopback, batch 32, 8 steps. Each arm runs in fresh processes (one intra-op thread each);
-its figure is rank 0's resident set's high-water mark above its resident set before the
-model was built (gradsched.bench.memory.PeakMemory), divided by P. Beside it: what the arm
+its figures are rank 0's resident set's high-water mark above its resident set before the
+model was built (gradsched.bench.memory.PeakMemory) and the most bytes allocated at once
+above what was allocated then (gradsched.bench.memory.HeapPeak, the allocator's own count:
+steadier, and blind to what the allocator keeps), each divided by P, both taken when the
+training ends (before a wrapper's close(), which under fully sharded gathers every parameter
+whole again: FSDP2's arm likewise joins its parameters after). Beside them: what the arm
 must hold at least, in P (parameters, gradients, buckets, optimizer state), and the largest
 difference of its parameters from DDP's after the run where it is a drop-in for DDP.
 """
@@ -88,9 +92,9 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
         optimizer.zero_grad()
         model(x).square().mean().backward()
         optimizer.step()
+    peak, heap_peak = memory.stop(), heap.stop()  # training's peak: close() may gather parameters whole again
     if hasattr(optimizer, "close"):
         optimizer.close()
-    peak, heap_peak = memory.stop(), heap.stop()
     state = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
              for name, p in model.named_parameters()}
     if rank == 0:

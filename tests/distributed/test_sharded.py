@@ -42,6 +42,8 @@ def check(reports_: list[dict], world: int, cases: int) -> None:
             assert result["checksum"] == reports_[0][case]["checksum"], where  # every rank ends alike
             if "uncompressed_diff" in result:  # bf16 on the wire changed the result
                 assert result["uncompressed_diff"] > 100 * TOLERANCE[world], where
+            if "scales" in result:  # GradScaler skipped the same overflowing steps as under DDP
+                assert result["scales"] == result["ddp_scales"] and result["scales"][0] < 2.0 ** 127, where
             if "state_diff" in result:  # the joined shards equal DDP's optimizer state
                 assert result["state_diff"] <= TOLERANCE[world], where
             if result["ddp_state"]:  # 1/n of DDP's optimizer state, rounding to whole rows aside
@@ -58,7 +60,7 @@ def test_two_policies_equal_ddp_through_both_apis_with_clipping_accumulation_and
     check(reports(tmp_path, 2, "--policies", "fifo,prophet",
                   "--cases", "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,"
                              "checkpoint:adamw-groups,slow:sgd,compress:adamw-groups,torchclip:adamw-groups,"
-                             "torchvalue:sgd"), 2, 9 * 2)
+                             "torchvalue:sgd,scaler:adamw-groups"), 2, 10 * 2)
 
 
 FULLY = ("--architecture", "fully_sharded")
@@ -71,7 +73,8 @@ def test_fully_sharded_equals_ddp_through_both_apis_with_clipping_accumulation_c
     the model's state_dict() as DTensor shards loaded into a new run."""
     check(reports(tmp_path, 2, *FULLY, "--policies", "fifo,prophet",
                   "--cases", "wrap:sgd,ddp:adamw-groups,clip:sgd,accumulate:adamw-groups,"
-                             "checkpoint:adamw-groups,slow:sgd,torchclip:adamw-groups,torchvalue:sgd"), 2, 8 * 2)
+                             "checkpoint:adamw-groups,slow:sgd,torchclip:adamw-groups,torchvalue:sgd,scaler:adam"),
+          2, 9 * 2)
 
 
 def test_fully_sharded_on_three_ranks_with_padding(tmp_path):

@@ -8,7 +8,7 @@ Scenarios (each for every policy and optimizer): ``wrap`` (gradsched.wrap), ``dd
 (gradsched.DistributedDataParallel with the optimizer built after it), ``clip`` (global-norm
 clipping by gradsched's clip_grad_norm_ against torch's under DDP), ``value`` (clip_grad_value_),
 ``torchclip`` and ``torchvalue`` (torch's own, ``torch.nn.utils.clip_grad_norm_(model.parameters())``,
-as under DDP),
+as under DDP), ``scaler`` (AMP's GradScaler, whose first steps overflow and are skipped),
 ``accumulate`` (two backward passes per step, the first under ``no_sync()``), ``checkpoint``
 (the optimizer's full state half-way against DDP's, and a resumed run), ``slow`` (the
 all-gather of the head's parameters lands 0.1 s late: a forward that did not wait for it
@@ -76,18 +76,30 @@ def slow_head_gathers() -> None:
 
 
 def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: bool = False,
-        rounded: torch.dtype | None = None, reload: dict | None = None) -> None:
+        rounded: torch.dtype | None = None, reload: dict | None = None, scaled: bool = False) -> list[float]:
     """``rounded`` (the reference of a compressed sharded run): the optimizer steps masters, the
     forward passes after a step compute with them rounded to that dtype; ``reload``: a state
     loaded into the model half-way (the masters become it)."""
     masters = None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127, growth_interval=2) if scaled else None
+    scales = []
     for step, (x, y) in enumerate(data):
         opt.zero_grad()
         if accumulate:
             with model.no_sync():
                 nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
             x, y = x[8:], y[8:]
-        nn.functional.cross_entropy(model(x), y).backward()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if scaler is not None:  # the first step overflows (2^127 x 4 x a loss above 0.5 is past float32): skipped
+            scaler.scale(loss * 4.0).backward()
+            scaler.unscale_(opt)  # its found_inf agreed by every rank (DTensor gradients: over the mesh)
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+            if sched:
+                sched.step()
+            continue
+        loss.backward()
         if clip == "clip":
             clip_of(0.5)
         elif clip == "value":
@@ -107,6 +119,7 @@ def run(model, opt, sched, data, clip: str | None, clip_of=None, accumulate: boo
         if reload is not None and step == len(data) // 2 - 1:
             getattr(model, "module", model).load_state_dict(reload)
             masters = None
+    return scales
 
 
 def differences(a: dict, b: dict) -> float:
@@ -194,8 +207,10 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
     torch_clip = {"clip": lambda m: torch.nn.utils.clip_grad_norm_(ddp.parameters(), m),
                   "value": lambda v: torch.nn.utils.clip_grad_value_(ddp.parameters(), v)}.get(clip)
     accumulate = scenario == "accumulate"
+    scaled = scenario == "scaler"
     LATE["on"] = scenario == "slow"
-    run(ddp, opt, sched, data, clip, torch_clip, accumulate, torch.bfloat16 if compress else None, reload)
+    ddp_scales = run(ddp, opt, sched, data, clip, torch_clip, accumulate, torch.bfloat16 if compress else None, reload,
+                     scaled)
     full_state = state_elements(opt)
     for policy in policies:
         torch.manual_seed(0)
@@ -214,11 +229,13 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
                                              else ours.clip_grad_norm_ if scenario == "clip"
                                              else ours.clip_grad_value_ if scenario == "value"
                                              else torch_clip_of(model, clip))
-        run(model, ours, sched, data, clip, clip_of, accumulate, reload=reload)
+        scales = run(model, ours, sched, data, clip, clip_of, accumulate, reload=reload, scaled=scaled)
         wrapped = scenario in ("ddp", "accumulate")
         (model if wrapped else ours).close()  # every parameter whole (fully sharded frees them between uses)
         result = against(model.module if wrapped else net, reference, initial)
         result.update(state=state_elements(ours), ddp_state=full_state)
+        if scaled:  # the same steps skipped as DDP's, at least one
+            result.update(scales=scales, ddp_scales=ddp_scales)
         if plain is not None:
             result["uncompressed_diff"] = against(net, plain, initial)["max_abs_diff"]
         report[f"{scenario}/{policy}/{kind}"] = result
