@@ -12,9 +12,10 @@ they are freed. Which gathers are issued, in what order and when is
 ``gather_budget_mb`` of whole parameters alive at once (default: twice the largest unit),
 on a process group of its own (``gathers``), from one thread (:class:`Gatherer`).
 
-The parameters stay the model's own ``nn.Parameter`` objects: while freed their memory is
-released (their storage has no bytes) and they must not be read outside the model's forward
-and backward passes; ``close()`` leaves every one whole. ``.grad`` is this rank's shard of
+The parameters stay the model's own ``nn.Parameter`` objects: while freed their data is a
+single NaN seen in every place (no memory; autograd's saved tensors are the same objects and
+see the data gathered for the backward pass), so they must not be read outside the model's
+forward and backward passes; ``close()`` leaves every one whole. ``.grad`` is this rank's shard of
 the averaged gradient (a DTensor), as under ``"sharded"``, so torch's own clipping works, and
 ``model.state_dict()`` gives each parameter as this rank's shard (a DTensor, as FSDP2 does:
 no collective; ``full_tensor()`` on every rank joins it); ``load_state_dict()`` takes those or
@@ -107,12 +108,15 @@ class Gatherer:
             self._raise()
 
     def free(self, u: int) -> None:
-        """Unit ``u``'s parameters are not needed whole until gathered again: their memory goes."""
+        """Unit ``u``'s parameters are not needed whole until gathered again: their memory goes
+        (each parameter's data becomes one NaN seen in every place: read between uses, it
+        shows, where memory with no bytes behind it would crash the process)."""
         with self.cond:
             if not self.queue.free(u):
                 return
             for i in self.units[u]:
-                self.shards.params[i].untyped_storage().resize_(0)
+                p = self.shards.params[i]
+                p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
             self.cond.notify_all()  # room in the budget
 
     def free_all(self) -> None:
@@ -142,9 +146,9 @@ class Gatherer:
                             return
                         u = self.queue.issue()
                         self.peak = max(self.peak, self.queue.materialized)
-                    for i in self.units[u]:
+                    for i in self.units[u]:  # the same tensor (autograd may have saved it): new memory
                         p = self.shards.params[i]
-                        p.untyped_storage().resize_(_nbytes(p))
+                        p.data = torch.empty(p.shape, dtype=p.dtype, device=p.device)
                     future = self.shards.gather_whole(self.units[u], self.pairwise, self.group, self.device)
                     future.add_done_callback(partial(self._landed, u))
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
