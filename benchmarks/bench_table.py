@@ -90,7 +90,9 @@ def table(data: dict) -> str:
     state = _state(results, policies, "optimizer_state_bytes", "Optimizer state per rank (measured)")
     peak = _state(results, policies, "peak_memory_bytes", "Peak memory per rank (rank 0's resident set, measured)") \
         if state else ""
-    return "\n".join(lines + [line for text in (state, peak) if text for line in ("", text)]) + "\n"
+    allocated = _state(results, policies, "peak_allocated_bytes",
+                       "Peak allocated per rank (rank 0's allocator count, measured)") if state else ""
+    return "\n".join(lines + [line for text in (state, peak, allocated) if text for line in ("", text)]) + "\n"
 
 
 def _state(results: list[dict], policies: list[str], key: str, title: str) -> str:

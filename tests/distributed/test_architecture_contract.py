@@ -27,7 +27,7 @@ from workers.launch import TESTS, run_ranks
 
 TOLERANCE = 1e-6
 POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
-ARCHITECTURES = {"allreduce": 2, "ps": 3, "sharded": 2, "reducer": 2}  # -> ranks
+ARCHITECTURES = {"allreduce": 2, "ps": 3, "sharded": 2, "fully_sharded": 2, "reducer": 2}  # -> ranks
 #: (architecture, scenario) -> what the refusal must say
 REFUSED = {
     ("ps", "hook"): "a communication hook runs on all-reduce messages; with architecture='ps' .* the servers reduce",
@@ -36,11 +36,17 @@ REFUSED = {
     ("sharded", "uneven"): "architecture='sharded' does not support uneven inputs yet .a joined rank would have "
                            "to update its shards",
     ("ps", "grad_sync"): "parameter servers .architecture='ps'. need gradsched.wrap",
+    ("fully_sharded", "hook"): "a communication hook runs on all-reduce messages; with architecture='fully_sharded' "
+                               "messages are reduce-scattered",
+    ("fully_sharded", "uneven"): "architecture='fully_sharded' does not support uneven inputs yet .a joined rank "
+                                 "would have to update its shards",
+    ("fully_sharded", "compress"): "architecture='fully_sharded' does not support compression='bf16' yet",
 }
 #: scenarios in which the reducer architecture cannot hand off: inside join() the trial's
 #: ranks never hold one control point together
 NO_HANDOFF = {"uneven"}
-QUICK = {"allreduce": "prophet", "ps": "bytescheduler", "sharded": "priority", "reducer": "bytescheduler"}
+QUICK = {"allreduce": "prophet", "ps": "bytescheduler", "sharded": "priority", "fully_sharded": "fifo",
+         "reducer": "bytescheduler"}
 
 
 def run(tmp_path, arch: str, policies: str, env: dict | None = None) -> list[dict]:

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import gradsched
@@ -99,8 +100,8 @@ class Run:
         base = dict(profile_rounds=1, replan_every=0, trial_rounds=3, trial_pairs=1, fallback=False, timeout=60.0)
         if self.arch == "ps":
             base.update(architecture="ps", servers=1)
-        elif self.arch == "sharded":
-            base.update(architecture="sharded")
+        elif self.arch in ("sharded", "fully_sharded"):
+            base.update(architecture=self.arch)
         elif self.arch == "reducer":  # the trial keeps the buckets: DDP's reducer from then on
             base.update(fallback=True, fallback_gain=0.99)
         return {**base, **extra}
@@ -141,10 +142,10 @@ def side(run: Run, ours: bool, *, steps: range | None = None, hook=None, compres
         train(run, model, opt, sched, steps or range(run.steps), ours, **how)
         if ours:
             opt.synchronize()
-        return final(model)
     finally:
         if ours:
             run.close(opt)
+    return final(model)  # after close(): fully sharded leaves every parameter whole then
 
 
 def train(run: Run, model, opt, sched, steps: range, ours: bool, accumulate=False, closure=False, clip=False,
@@ -214,13 +215,13 @@ def grad_sync_side(run: Run, ours: bool) -> dict | None:
             sched.step()
         if ours:
             model.synchronize()
-        return final(model)
     finally:
         if ours:
             run.handed_off = model.stats.handed_off_round or run.handed_off
             if model.stats.handed_off_round is not None:
                 run.plane_threads += [t.name for t in threading.enumerate() if t.name in PLANE_THREADS]
             model.close()
+    return final(model)
 
 
 def checkpoint_side(run: Run, ours: bool) -> dict | None:
@@ -238,7 +239,9 @@ def checkpoint_side(run: Run, ours: bool) -> dict | None:
         return None
     try:
         train(run, model, opt, sched, range(half), True)
-        saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": opt.full_state_dict(),
+        # fully sharded: each parameter this rank's shard (a DTensor), joined on every rank
+        saved = {"model": {k: v.full_tensor() if isinstance(v, DTensor) else v.clone()
+                           for k, v in model.state_dict().items()}, "optimizer": opt.full_state_dict(),
                  "scheduler": sched.state_dict()}
     finally:
         run.close(opt)
@@ -259,7 +262,7 @@ def scenario(run: Run, name: str, ours: bool) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--arch", required=True, choices=["allreduce", "ps", "sharded", "reducer"])
+    parser.add_argument("--arch", required=True, choices=["allreduce", "ps", "sharded", "fully_sharded", "reducer"])
     parser.add_argument("--policies", default="fifo,priority,bytescheduler,prophet")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = parser.parse_args()

@@ -14,7 +14,8 @@ Plans model a message as one all-reduce's time (the link estimate learns its byt
 the measured trial is decided by measurement alone. What it refuses: optimizers that need
 whole tensors, CUDA parameters (for now), non-contiguous parameters, ``find_unused_parameters``,
 DDP communication hooks (messages are reduce-scattered), ``join()`` and the hand-off to DDP's
-reducer (which would hold the whole state again).
+reducer (which would hold the whole state again). AMP's ``GradScaler`` works unchanged: its
+overflow check on the DTensor gradients is agreed over every rank's shards by torch.
 """
 
 from __future__ import annotations
