@@ -134,3 +134,47 @@ def test_fully_sharded_holds_whole_parameters_within_its_budget(world_of_one, bu
         assert peak <= 2 * layer
     else:
         assert max(b for kind, b in seen if kind == "backward") == LAYERS * layer  # kept from the forward pass
+
+
+def test_fully_sharded_in_one_process_computes_what_the_model_computes(world_of_one):
+    """A module run twice in one forward pass (gathered again for its second call), evaluation
+    under no_grad() between steps (gathered, freed, no backward queued), against the same model
+    and optimizer unwrapped."""
+    import copy
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.head = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, 4)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
+
+    torch.manual_seed(0)
+    model = Twice()
+    reference = copy.deepcopy(model)
+    plain = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "fifo",
+                                        architecture="fully_sharded", profile_rounds=2)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        x = torch.randn(8, WIDTH, generator=generator)
+        for net, opt in ((wrapped, optimizer), (reference, plain)):
+            opt.zero_grad()
+            net(x).square().mean().backward()
+            opt.step()
+        with torch.no_grad():
+            assert torch.equal(wrapped(x), reference(x))
+        assert whole_bytes(model) == 0
+    optimizer.close()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+def test_fully_sharded_refuses_tied_weights_naming_the_modules(world_of_one):
+    from gradsched.runtime import GradschedError
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model[1].weight = model[0].weight
+    with pytest.raises(GradschedError, match=r"modules \['0', '1'\] own a parameter together"):
+        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "fifo", architecture="fully_sharded")

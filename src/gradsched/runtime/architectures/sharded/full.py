@@ -190,8 +190,15 @@ class FullyShardedStep(ShardedStep):
         self._taken: set[str] = set()  # state_dict keys load_state_dict() took into the shards
 
     def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
-        handles = super().attach(params, waits)
         units = [list(idx) for idx in waits.of.values()]
+        shared = {waits.name[m] or "the model" for m, idx in waits.of.items()
+                  for i in idx if sum(i in other for other in units) > 1}
+        if shared:
+            raise GradschedError(
+                f"architecture='fully_sharded' frees each module's parameters after its own forward and backward "
+                f"pass, but modules {sorted(shared)} own a parameter together (tied weights); tie them outside "
+                "the modules, or use architecture='sharded'")
+        handles = super().attach(params, waits)
         for u, (module, idx) in enumerate(waits.of.items()):
             self._module_unit[module] = u
             for i in idx:
