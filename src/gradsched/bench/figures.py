@@ -12,7 +12,7 @@ from ..core import MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
-from ..sim.fsdp import fsdp_iteration_s
+from ..sim.fsdp import fsdp_iteration_s, fully_sharded_iteration_s
 from .config import BASELINES, FSDP2, BenchConfig
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
 from .results import RankReport, RunReport
@@ -136,6 +136,9 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
         elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
             row.predicted_s = fsdp_iteration_s(scaled(work.table, compute),
                                                   link_cluster(link, config.workers, sharded=True), FSDP2[base])
+        elif work.table is not None and run.fully_sharded:  # the gathers' queue, each layer reduce-scattered in turn
+            row.predicted_s = fully_sharded_iteration_s(scaled(work.table, compute),
+                                                        link_cluster(link, config.workers, sharded=True))
         setting.rows.append(row)
     return setting
 

@@ -13,7 +13,12 @@ FIFO link (each collective (n-1)/n of its bytes, as ``Cluster(arch="sharded")`` 
 * the step (no time) waits for the last reduce-scatter; the next forward follows.
 
 Compare with ``simulate(model, Cluster(arch="sharded"), policy)``: the same bytes each
-phase, scheduled by the policy in backward and gathered as soon as the step is done.
+phase, scheduled by the policy in backward and gathered as soon as the step is done; and
+with :func:`fully_sharded_iteration_s`, gradsched's own ``architecture="fully_sharded"``,
+whose gathers follow the runtime's rules (:class:`gradsched.core.gathers.GatherQueue`:
+prefetched within a byte budget, a need forcing what is queued before it, the last layers
+kept from forward to backward as the budget allows), each layer's gradients reduce-scattered
+once its backward ends (``fifo``'s order), all on the one FIFO link.
 
 >>> from gradsched.models.table import Layer, ModelTable, ParamSpec
 >>> model = ModelTable("three", tuple(Layer(f"l{i}", 1.0, 1.0, (ParamSpec(f"w{i}", 750),)) for i in range(3)))
@@ -22,10 +27,15 @@ phase, scheduled by the policy in backward and gathered as soon as the step is d
 11.0
 >>> fsdp_iteration_s(model, cluster, reshard_after_forward=True)
 14.5
+>>> fully_sharded_iteration_s(model, cluster, budget_bytes=2 * 3000)  # (3000 bytes a layer) keeps the last one
+13.0
+>>> fully_sharded_iteration_s(model, cluster, budget_bytes=4 * 3000)  # all kept: gathered once an iteration
+11.0
 """
 
 from __future__ import annotations
 
+from ..core.gathers import GatherQueue, UnitState
 from ..models.table import ModelTable
 from .cluster import Cluster
 from .network import Network
@@ -62,5 +72,68 @@ def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward:
             t = start + layers[i].backward_s
             if nbytes[i]:
                 done = max(done, link.submit(nbytes[i], t).complete)
+        step = max(t, done)
+    return starts[-1] - starts[-2]
+
+
+def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes: int | None = None,
+                              iterations: int = 6) -> float:
+    """Steady-state seconds per iteration of ``architecture="fully_sharded"`` (every layer with
+    parameters a unit; ``budget_bytes``: ``gather_budget_mb`` in bytes, None: the runtime's
+    default, twice the largest layer's). Gathers are issued where the runtime's gathering
+    thread is woken (a pass begins, a layer starts, a layer is freed) as far as the queue
+    allows."""
+    if cluster.arch != "sharded":
+        raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
+    link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
+    layers = [layer for layer in model.layers]
+    sizes = [sum(p.nbytes for p in layer.params) for layer in layers]
+    units = [i for i, n in enumerate(sizes) if n]
+    queue = GatherQueue([sizes[i] for i in units], budget_bytes or 2 * max(sizes, default=1))
+    unit_of = {layer: u for u, layer in enumerate(units)}
+    landed: dict[int, float] = {}  # unit -> when its gather completes
+
+    def issue(at: float) -> None:
+        while queue.issuable():
+            u = queue.issue()
+            landed[u] = link.submit(queue.sizes[u], at).complete
+            queue.landed(u)  # whole from then on: ``landed`` says when
+
+    def need(i: int, at: float) -> float:
+        """Layer ``i`` starts no earlier than ``at``: when its parameters are whole."""
+        u = unit_of.get(i)
+        if u is None:
+            return at
+        queue.need(u)  # queued if freed, and forced with everything queued before it
+        issue(at)
+        return max(at, landed[u])
+
+    def free(i: int, at: float) -> None:
+        u = unit_of.get(i)
+        if u is not None and queue.free(u):
+            issue(at)
+
+    starts, step, order = [], 0.0, list(range(len(units)))
+    for _ in range(iterations):
+        t = step
+        kept = queue.keep_after_forward(order)
+        queue.want(order)
+        issue(t)
+        for i, layer in enumerate(layers):  # forward
+            start = need(i, t)
+            if i == 0:
+                starts.append(start)
+            t = start + layer.forward_s
+            if unit_of.get(i) not in kept:
+                free(i, t)
+        queue.want([u for u in reversed(order) if queue.state[u] is UnitState.FREED])
+        issue(t)
+        done = t
+        for i in range(len(layers) - 1, -1, -1):  # backward
+            start = need(i, t)
+            t = start + layers[i].backward_s
+            if sizes[i]:
+                done = max(done, link.submit(sizes[i], t).complete)
+            free(i, t)
         step = max(t, done)
     return starts[-1] - starts[-2]
