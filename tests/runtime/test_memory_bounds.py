@@ -178,3 +178,47 @@ def test_fully_sharded_refuses_tied_weights_naming_the_modules(world_of_one):
     model[1].weight = model[0].weight
     with pytest.raises(GradschedError, match=r"modules \['0', '1'\] own a parameter together"):
         gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "fifo", architecture="fully_sharded")
+
+
+def test_fully_sharded_under_activation_checkpointing_computes_what_the_model_computes(world_of_one):
+    """Blocks re-run their forward pass inside the backward pass (torch.utils.checkpoint): each
+    re-run gathers its units again, and their backward passes find them whole."""
+    import copy
+
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks, self.head = nn.ModuleList(Block() for _ in range(3)), nn.Linear(64, 2)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    plain = torch.optim.SGD(reference.parameters(), lr=0.1)
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "fifo",
+                                        architecture="fully_sharded", profile_rounds=2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(8, 64, generator=generator)
+        for net, opt in ((wrapped, optimizer), (reference, plain)):
+            opt.zero_grad()
+            net(x).square().mean().backward()
+            opt.step()
+        assert whole_bytes(model) == 0
+    optimizer.close()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(mine, theirs)
