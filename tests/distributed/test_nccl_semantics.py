@@ -117,6 +117,18 @@ def test_sharded_equals_ddp_under_the_emulation(tmp_path, policies, cases):
     check_sharded(reports, 2, len(cases.split(",")) * len(policies.split(",")))
 
 
+def test_fully_sharded_equals_ddp_under_the_emulation(tmp_path):
+    """Its gathers' futures complete once queued: each module's forward and backward pass must
+    order itself after the gather's event before reading the parameters (the head's gathers
+    land late)."""
+    from test_sharded import check as check_sharded
+
+    cases = "wrap:sgd,accumulate:adamw-groups,slow:sgd,scaler:adam"
+    reports = emulated_workers(tmp_path, "sharded", 2, "--architecture", "fully_sharded", "--cases", cases,
+                               "--policies", "prophet")
+    check_sharded(reports, 2, len(cases.split(",")))
+
+
 def test_parameter_servers_equal_ddp_under_the_emulation(tmp_path):
     ranks = emulated_workers(tmp_path, "ps_compare", 4, "--servers", "2", "--policies", "fifo,prophet",
                              "--optimizers", "adam")["ranks"]

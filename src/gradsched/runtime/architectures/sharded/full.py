@@ -36,7 +36,7 @@ from torch import nn
 from gradsched.core.gathers import GatherQueue, UnitState
 from gradsched.core.plan import Plan
 from gradsched.runtime.architectures.sharded.shards import Shards
-from gradsched.runtime.architectures.sharded.stepping import ShardedStep
+from gradsched.runtime.architectures.sharded.stepping import ShardedStep, _Gathered
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.pairwise import Pairwise
 from gradsched.runtime.device import Device
@@ -67,6 +67,7 @@ class Gatherer:
         self.error: BaseException | None = None
         self.stopping = False
         self.peak = 0  # the most bytes of whole parameters alive at once (tests, the bench)
+        self._gathered: dict[int, _Gathered] = {}  # unit -> its latest gather (what a reader orders itself after)
         self._thread = threading.Thread(target=self._run, name="gradsched-gatherer", daemon=True)
 
     def start(self) -> None:
@@ -79,33 +80,38 @@ class Gatherer:
                 self.cond.notify_all()
 
     def wait_whole(self, units: Sequence[int], what: str) -> None:
-        """Block until every unit of ``units`` is whole (gathered at once if not under way)."""
+        """Block until every unit of ``units`` is whole (gathered at once if not under way), and
+        order this thread after their gathers (on NCCL a gather is done once queued)."""
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
-            if not any([self.queue.need(u) for u in units]):
-                return
-            self.cond.notify_all()
-            while self.error is None and any(self.queue.state[u] is not UnitState.READY for u in units):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise GradschedError(f"timed out after {self.timeout_s:.0f} s waiting for the all-gather of "
-                                         f"{what}: another rank is stuck or runs another forward or backward pass")
-                self.cond.wait(left)
-            self._raise()
+            if any([self.queue.need(u) for u in units]):
+                self.cond.notify_all()
+            self._wait_until(lambda: all(self.queue.state[u] is UnitState.READY for u in units), deadline,
+                             f"the all-gather of {what}: another rank is stuck or runs another forward or backward "
+                             "pass")
+            gathered = [self._gathered[u] for u in units]
+        for gather in gathered:
+            gather.wait(max(0.0, deadline - time.monotonic()), what)
 
     def settle(self, what: str) -> None:
-        """Issue everything queued and wait until it has landed."""
+        """Issue everything queued, wait until it has landed, and order this thread after it."""
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
             self.queue.force_all()
             self.cond.notify_all()
-            while self.error is None and not self.queue.settled():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise GradschedError(f"timed out after {self.timeout_s:.0f} s waiting for the all-gathers of "
-                                         f"{what}: another rank is stuck")
-                self.cond.wait(left)
-            self._raise()
+            self._wait_until(self.queue.settled, deadline, f"the all-gathers of {what}: another rank is stuck")
+            gathered = [self._gathered[u] for u in self.queue.whole()]
+        for gather in gathered:
+            gather.wait(max(0.0, deadline - time.monotonic()), what)
+
+    def _wait_until(self, done: Callable[[], bool], deadline: float, waiting_for: str) -> None:
+        """Under the lock: wait until ``done()`` (raises if a gather failed, or at ``deadline``)."""
+        while self.error is None and not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GradschedError(f"timed out after {self.timeout_s:.0f} s waiting for {waiting_for}")
+            self.cond.wait(left)
+        self._raise()
 
     def free(self, u: int) -> None:
         """Unit ``u``'s parameters are not needed whole until gathered again: their memory goes
@@ -150,6 +156,8 @@ class Gatherer:
                         p = self.shards.params[i]
                         p.data = torch.empty(p.shape, dtype=p.dtype, device=p.device)
                     future = self.shards.gather_whole(self.units[u], self.pairwise, self.group, self.device)
+                    with self.cond:
+                        self._gathered[u] = _Gathered(future)
                     future.add_done_callback(partial(self._landed, u))
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
             self._fail(exc)

@@ -281,8 +281,9 @@ class Shards:
         caller), issued through ``device`` on the calling thread, on gloo in place: this rank's
         shard is copied into its part, the others' parts are received straight into theirs.
         Autograd's version counters are left as they were (a forward pass may have saved the
-        parameters; their values are the same ones again): a future that completes once they
-        are whole."""
+        parameters; their values are the same ones again): the copy's count is undone at once,
+        and receiving counts none. The collective's future (on NCCL, or its emulation, complete
+        once queued: wait() for it before reading the parameters)."""
         params = [self.params[i] for i in indices]
         versions = tuple(torch_private.version(p) for p in params)
         slices = [(self.names[i], 0, self.size[i]) for i in indices]
@@ -290,14 +291,10 @@ class Shards:
             for i in indices:
                 shard = self.tensors[i]
                 self.params[i].detach().view(-1)[self.start[i]:self.start[i] + shard.numel()].copy_(shard)
+        torch_private.set_versions(params, versions)
         mine = self._spans(slices, self.rank)
         theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
-
-        def whole(done: torch.futures.Future) -> None:
-            done.value()  # raises if an operation failed
-            torch_private.set_versions(params, versions)
-
-        return device.issue(group, lambda: pairwise.exchange(mine, theirs)).then(whole)
+        return device.issue(group, lambda: pairwise.exchange(mine, theirs))
 
 
 class ShardedLayout:
