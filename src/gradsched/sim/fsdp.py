@@ -86,7 +86,7 @@ def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes:
     if cluster.arch != "sharded":
         raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
     link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
-    layers = [layer for layer in model.layers]
+    layers = list(model.layers)
     sizes = [sum(p.nbytes for p in layer.params) for layer in layers]
     units = [i for i, n in enumerate(sizes) if n]
     queue = GatherQueue([sizes[i] for i in units], budget_bytes or 2 * max(sizes, default=1))

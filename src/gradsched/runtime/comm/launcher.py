@@ -237,7 +237,7 @@ class Launcher:
                 idle: bool, produced: list[Any]) -> None:
         self.board.device.wait_for(produced)  # what follows runs after the streams that wrote the gradients
         buffers, results, targets = state.layout.pack(k, message, grads)
-        if getattr(state.layout, "reads_gradients_once", False) and not self.board.device.ordered:
+        if state.layout.reads_gradients_once and not self.board.device.ordered:
             with self.board.cond:  # packed (on the host: copied by now): what only the pack read can go
                 self._let_go(state, message, packed=True)
         launched_at = time.perf_counter()

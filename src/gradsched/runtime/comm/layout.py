@@ -69,6 +69,9 @@ class GradientHomes:
 class BufferLayout:
     """A plan over the gradients' homes: which of its messages are a range of a flat buffer."""
 
+    #: a message's results go back into the gradients it was made of: they stay until it ends
+    reads_gradients_once = False
+
     def __init__(self, plan: Plan, index: Mapping[str, int], homes: GradientHomes) -> None:
         self.plan = plan
         self.homes = homes.of

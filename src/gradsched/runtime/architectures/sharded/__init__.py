@@ -119,10 +119,8 @@ class FullySharded(Sharded):
         shards = self.shards
 
         def gatherer(units: Sequence[Sequence[int]]) -> Gatherer:
-            largest = max((sum(shards.params[i].numel() * shards.params[i].element_size() for i in u)
-                           for u in units), default=1)
-            budget = int(config.gather_budget_mb * MiB) if config.gather_budget_mb is not None else 2 * largest
-            return Gatherer(shards, units, max(budget, 1), pairwise, group, exchange.device, config.timeout)
+            budget = None if config.gather_budget_mb is None else max(1, int(config.gather_budget_mb * MiB))
+            return Gatherer(shards, units, budget, pairwise, group, exchange.device, config.timeout)
 
         return FullyShardedStep(shards, exchange, partial(getattr, topology, "data"), handover, updates,
                                 config.timeout, gatherer)

@@ -57,10 +57,12 @@ class Gatherer:
     allows; the training thread queues, needs and frees units (:class:`GatherQueue`, under one
     lock)."""
 
-    def __init__(self, shards: Shards, units: Sequence[Sequence[int]], budget: int, pairwise: Pairwise,
+    def __init__(self, shards: Shards, units: Sequence[Sequence[int]], budget: int | None, pairwise: Pairwise,
                  group: dist.ProcessGroup, device: Device, timeout_s: float) -> None:
+        """``budget``: bytes of whole parameters prefetching may hold (None: twice the largest unit's)."""
         self.shards, self.units = shards, [list(u) for u in units]
-        self.queue = GatherQueue([sum(_nbytes(shards.params[i]) for i in u) for u in self.units], budget)
+        sizes = [sum(_nbytes(shards.params[i]) for i in u) for u in self.units]
+        self.queue = GatherQueue(sizes, budget or 2 * max(sizes, default=1))
         self.pairwise, self.group, self.device = pairwise, group, device
         self.timeout_s = timeout_s
         self.cond = threading.Condition()
@@ -120,10 +122,14 @@ class Gatherer:
         with self.cond:
             if not self.queue.free(u):
                 return
-            for i in self.units[u]:
-                p = self.shards.params[i]
-                p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
+            self.release(u)
             self.cond.notify_all()  # room in the budget
+
+    def release(self, u: int) -> None:
+        """Unit ``u``'s parameters' memory goes (whatever the queue says: at the start, all)."""
+        for i in self.units[u]:
+            p = self.shards.params[i]
+            p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
 
     def free_all(self) -> None:
         for u in self.queue.whole():
@@ -223,10 +229,8 @@ class FullyShardedStep(ShardedStep):
         handles.append(waits.model.register_state_dict_post_hook(partial(FullyShardedStep._sharded_state, self)))
         handles.append(waits.model.register_load_state_dict_pre_hook(partial(FullyShardedStep._load_shards, self)))
         handles.append(waits.model.register_load_state_dict_post_hook(partial(FullyShardedStep._loaded, self)))
-        for u in range(len(units)):  # every rank holds its shards alone from now on
-            self.gatherer.queue.state[u] = UnitState.READY
-            self.gatherer.queue.materialized += self.gatherer.queue.sizes[u]
-            self.gatherer.free(u)
+        for u in range(len(units)):  # every rank holds its shards alone from now on (the queue's start)
+            self.gatherer.release(u)
         self.gatherer.start()
         return handles
 
