@@ -41,10 +41,17 @@ ARMS = {
     "fifo": "params 1 + grads 1 + AdamW 2",
     "bytescheduler": "params 1 + grads 1 + AdamW 2",
     "prophet": "params 1 + grads 1 + AdamW 2",
-    "prophet-sharded": "params 1 + grads 1/2 + AdamW 1",
-    "fifo-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered (the default budget)",
-    "prophet-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered (the default budget)",
+    "fifo-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
+    "bytescheduler-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
+    "prophet-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
+    "fifo-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered, two waiting for the link "
+                          "(the default budgets)",
+    "prophet-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered, two waiting for the link "
+                             "(the default budgets)",
+    "prophet-fully_sharded-lean": "params 1/2 + grads 1/2 + AdamW 1 + one layer gathered, one waiting for the link "
+                                  "(gather_budget_mb and gradient_budget_mb: a layer)",
 }
+LAYER_MB = (WIDTH * WIDTH + WIDTH) * 4 / 2**20  # one layer's parameters (or gradients), in MiB
 
 
 def _model() -> torch.nn.Module:
@@ -84,8 +91,10 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
         import gradsched
 
         policy, _, architecture = arm.partition("-")
+        architecture, _, variant = architecture.partition("-")
+        lean = dict(gather_budget_mb=LAYER_MB, gradient_budget_mb=LAYER_MB) if variant == "lean" else {}
         model, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-4), policy=policy,
-                                          architecture=architecture or "allreduce")
+                                          architecture=architecture or "allreduce", **lean)
     generator = torch.Generator().manual_seed(1 + rank)
     for _ in range(STEPS):
         x = torch.randn(BATCH, WIDTH, generator=generator)

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import random_tensors
 from gradsched.core import POLICIES, Scheduler, policy_config
+from gradsched.core.policies.fifo import InOrderBuckets
 
 SMALL = {
     "fifo": dict(bucket_cap_bytes=6000, first_bucket_bytes=1500),
@@ -28,7 +29,7 @@ def build(variant: str):
     return policy_config(variant.split("-")[0], **SMALL[variant]).build()
 
 
-def drive(variant: str, seed: int, iterations: int = 5, push_pull: bool = False):
+def drive(variant: str, seed: int, iterations: int = 5, push_pull: bool = False, hold_bytes: int | None = None):
     """Feed one engine random but legal events: gradients become ready in roughly reverse
     order, in-flight messages complete in launch order, both at random times. With
     ``push_pull``, messages are also reported sent (in launch order) before they complete,
@@ -36,7 +37,7 @@ def drive(variant: str, seed: int, iterations: int = 5, push_pull: bool = False)
     rng = random.Random(seed)
     tensors = random_tensors(rng)
     policy = build(variant)
-    engine = Scheduler(tensors, policy)
+    engine = Scheduler(tensors, policy, hold_bytes)
     max_messages = getattr(policy.flow, "max_messages", None)
     trace = []
     now = 0.0
@@ -80,6 +81,8 @@ def drive(variant: str, seed: int, iterations: int = 5, push_pull: bool = False)
             if max_messages is not None:
                 assert len(counted) <= max_messages
             assert engine.in_flight_bytes == sum(m.nbytes for m in in_flight)
+            if hold_bytes is not None:
+                check_hold(engine, policy, decision.start, hold_bytes)
         all_leaves = sorted(leaf.id for leaves in engine.leaves.values() for leaf in leaves)
         assert sorted(launched) == all_leaves, "a leaf was lost or launched twice"
         assert sorted(finished) == sorted(t.name for t in tensors), "a tensor was lost or finished twice"
@@ -115,6 +118,41 @@ def test_priority_limits_only_what_is_being_sent():
             open_messages.add(event[1])
         elif event[0] == "done":
             open_messages.discard(event[1])
+
+
+def check_hold(engine, policy, started, hold_bytes: int) -> None:
+    """The memory rule after one event: no message carries slices of more than ``hold_bytes`` of
+    whole gradients unless it carries one gradient only; and what waits (each gradient held whole
+    until its every leaf started) is within ``hold_bytes`` unless the window admits nothing more
+    (fifo bounds it by its buckets instead: each no larger than ``hold_bytes`` and its last tensor)."""
+    for message in started:
+        names = {task.tensor.name for task in message.tasks}
+        assert len(names) == 1 or sum(engine.tensors[n].nbytes for n in names) <= hold_bytes
+    if isinstance(policy.flow, InOrderBuckets):
+        largest = max(t.nbytes for t in engine.tensors.values())
+        assert all(sum(engine.tensors[n].nbytes for n in b) < hold_bytes + largest for b in policy.flow.buckets)
+        return
+    head = engine.peek()
+    limited = policy.flow.limited_bytes(engine)
+    slots = policy.flow.max_messages
+    full = head is not None and ((limited > 0 and limited + head.nbytes > policy.flow.window())
+                                 or (slots is not None and policy.flow.limited_count(engine) >= slots))
+    assert engine.held_bytes() <= hold_bytes or full
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("seed", range(4))
+def test_memory_rule_bounds_what_waits_and_what_one_message_holds(variant, seed):
+    """Under a ``hold_bytes`` (sharding's gradient budget) every policy still sends every leaf once
+    within its window, and the rule holds after every event (check_hold)."""
+    drive(variant, seed, hold_bytes=12000)
+
+
+def test_memory_rule_starts_what_a_policy_would_hold_back():
+    """Prophet's block waits for a stage; past the budget the waiting leaves start anyway."""
+    _, free = drive("prophet", 2, iterations=3)
+    _, bound = drive("prophet", 2, iterations=3, hold_bytes=4000)
+    assert [e for e in free if e[0] == "start"] != [e for e in bound if e[0] == "start"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

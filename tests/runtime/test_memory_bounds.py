@@ -13,6 +13,9 @@ tests/distributed/test_distributed.py, the kept buckets' test.)
 
 from __future__ import annotations
 
+import math
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -93,6 +96,60 @@ def test_sharded_lets_go_of_each_local_gradient_once_its_reduce_scatters_ended(w
     optimizer.close()
 
 
+@pytest.mark.parametrize("architecture,budget_mb", [("sharded", None), ("fully_sharded", None), ("sharded", math.inf)])
+def test_sharded_backward_waits_for_the_link_past_its_gradient_budget(world_of_one, monkeypatch, architecture,
+                                                                      budget_mb):
+    """ZeRO-2's bound where the link is the slower: a backward pass that holds more than
+    ``gradient_budget_mb`` (default: twice the largest gradient) for gradients not yet reduced
+    (local ones handed over, messages packed and in flight) waits for the link before it computes
+    more, and no plan's message carries more. The link here is held shut until the backward pass
+    has either waited for memory or ended, so without that wait (or with an unbounded budget)
+    the local gradients pile up for certain."""
+    from gradsched.runtime.comm.exchange import Exchange
+
+    torch.manual_seed(0)
+    layers = 6
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
+    largest = WIDTH * WIDTH * 4
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=1e-3), "fifo",
+                                        architecture=architecture, gradient_budget_mb=budget_mb, profile_rounds=2)
+    exchange = optimizer._coordinator.backend.exchange
+    link_open = threading.Event()
+    within_budget = Exchange._within_budget
+
+    def waits_for_memory(self):
+        if self.board.held_bytes > self.hold_bytes:
+            link_open.set()  # the backward pass waits for the link: open it
+        within_budget(self)
+
+    monkeypatch.setattr(Exchange, "_within_budget", waits_for_memory)
+    launcher = exchange.launcher
+    reduce = launcher.transport.reduce
+
+    def shut_link(*args, **kwargs):
+        assert link_open.wait(30.0)
+        return reduce(*args, **kwargs)
+
+    launcher.transport.reduce = shut_link
+    held = []
+    for p in model.parameters():  # a gradient computed: what the rank holds before it is handed over
+        p.register_hook(lambda grad: held.append(exchange.board.outstanding_bytes) or grad)
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: link_open.set())  # the last: backward ends
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        link_open.clear()
+        optimizer.zero_grad()
+        held.clear()
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.step()
+        biases = 4 * WIDTH * 4  # a message (a bucket cut at the budget) may end past it by biases
+        if budget_mb is None:  # default: two layers' gradients, held or packed and in flight
+            assert max(held) <= 2 * largest + biases, (_, [round(b / largest, 2) for b in held])
+        else:  # never waits: three layers handed over before DDP's first bucket (1 MiB) can be packed
+            assert max(held) > 3 * largest
+    optimizer.close()
+
+
 def whole_bytes(model: nn.Module) -> int:
     """Bytes of parameters whole on this rank now (a freed one's data is one element)."""
     return sum(p.untyped_storage().nbytes() for p in model.parameters() if p.untyped_storage().nbytes() > 16)
@@ -134,6 +191,35 @@ def test_fully_sharded_holds_whole_parameters_within_its_budget(world_of_one, bu
         assert peak <= 2 * layer
     else:
         assert max(b for kind, b in seen if kind == "backward") == LAYERS * layer  # kept from the forward pass
+
+
+def test_fully_sharded_frees_what_autograd_saved_of_a_freed_parameter(world_of_one):
+    """A linear layer's forward pass saves a transposed view of its weight for the backward pass:
+    freeing the parameter must free that memory too (FSDP2 resizes the storage), else every
+    layer stays whole from its forward pass to its backward pass whatever the budget says.
+    Counted from autograd's own saved tensors at the end of the forward pass."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    layer = sum(p.numel() * p.element_size() for p in model[0].parameters())
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=1e-3), "fifo",
+                                        architecture="fully_sharded", profile_rounds=2)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        saved = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            saved[storage.data_ptr() or id(storage)] = storage
+            return tensor
+
+        optimizer.zero_grad()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean()
+        pinned = sum(s.nbytes() for s in saved.values() if s.nbytes() >= WIDTH * WIDTH * 4)
+        assert pinned <= 2 * layer, round(pinned / layer, 2)  # what the budget keeps for the backward pass
+        loss.backward()
+        optimizer.step()
+    optimizer.close()
 
 
 def test_fully_sharded_in_one_process_computes_what_the_model_computes(world_of_one):

@@ -31,6 +31,13 @@ class Scheduler(Protocol):
     iteration: int
     in_flight_bytes: int
     unsent_bytes: int
+    hold_bytes: int | None
+
+    def held_bytes(self) -> int: ...
+
+    def oldest_waiting(self) -> list[CommTask]: ...
+
+    def take(self, tasks: list[CommTask]) -> None: ...
 
     @property
     def in_flight_count(self) -> int: ...
@@ -81,6 +88,8 @@ class FlowControl(ABC):
     #: whose push is done no longer counts while its pull comes back); the engine then
     #: asks it to select after every ``on_sent`` too. False: until the message finished.
     until_sent: bool = False
+    #: the most messages it lets be limited at once (None: no count)
+    max_messages: int | None = None
 
     def setup(self, engine: Scheduler) -> None:
         """Called once when the engine is built, after the leaves exist."""
@@ -105,6 +114,32 @@ class FlowControl(ABC):
     @abstractmethod
     def select(self, engine: Scheduler, now: float) -> list[list[CommTask]]:
         """Leaves to start now, grouped into messages, in launch order."""
+
+    def relieve(self, engine: Scheduler) -> list[list[CommTask]]:
+        """The memory rule, asked before ``select`` where the engine has a ``hold_bytes``: while
+        more than that many bytes of gradients wait (each held whole until its every leaf has
+        started), the leaves of the one that became ready first start (a message per gradient),
+        as far as the window admits, before anything more urgent and whatever the strategy would
+        wait for (a fuller block, a later stage). Where the window admits none, the rank holds
+        them until the link frees it (the runtime's backward pass then waits). A strategy that
+        bounds what waits by its own rule overrides this."""
+        slots = float("inf") if self.max_messages is None else self.max_messages - self.limited_count(engine)
+        limited = self.limited_bytes(engine)
+        groups: list[list[CommTask]] = []  # one message per gradient
+        while engine.held_bytes() > engine.hold_bytes and len(groups) < slots:
+            oldest = engine.oldest_waiting()
+            admitted = []
+            for leaf in oldest:
+                if limited > 0 and limited + leaf.nbytes > self.window():
+                    break
+                admitted.append(leaf)
+                limited += leaf.nbytes
+            if admitted:
+                engine.take(admitted)
+                groups.append(admitted)
+            if len(admitted) < len(oldest):
+                break
+        return groups
 
     @abstractmethod
     def window(self) -> float:

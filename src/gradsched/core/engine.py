@@ -52,14 +52,21 @@ class Scheduler:
     before the next one begins.
     """
 
-    def __init__(self, tensors: Sequence[TensorSpec], policy: Policy) -> None:
+    def __init__(self, tensors: Sequence[TensorSpec], policy: Policy, hold_bytes: int | None = None) -> None:
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"duplicate tensor names: {dup}")
         if not tensors:
             raise ValueError("a scheduler needs at least one tensor")
+        if hold_bytes is not None and hold_bytes < 1:
+            raise ValueError(f"hold_bytes must be >= 1 (or None), got {hold_bytes}")
         self.policy = policy
+        #: the most bytes of whole gradients one message may carry slices of (None: no bound). Where a
+        #: rank holds each gradient until every message carrying it has started (sharding: its local
+        #: gradient, read once by the pack), a message's gradients are all held until it starts: the
+        #: policy's messages are cut into consecutive ones within this, launched together
+        self.hold_bytes = hold_bytes
         self.tensors: dict[str, TensorSpec] = {t.name: t for t in tensors}
         self.estimator = LinkEstimator()
         self._timer = CompletionTimer(self.estimator)
@@ -82,6 +89,7 @@ class Scheduler:
         self._unsent: dict[int, Message] = {}  # in flight and not yet reported sent
         self.unsent_bytes = 0
         self.iteration = -1
+        self._ready_at: dict[str, int] = {}  # tensor -> leaves ready before it this iteration (its turn)
         self.ready_leaves = 0
         self.finished_leaves = 0
         policy.flow.setup(self)
@@ -150,6 +158,7 @@ class Scheduler:
         if root.state != TaskState.PENDING:
             raise SchedulerError(f"tensor {name!r} became ready twice in iteration {self.iteration}")
         root.notify_ready()
+        self._ready_at[name] = self.ready_leaves
         for leaf in self.leaves[name]:
             self._seq += 1
             heapq.heappush(self._queue, (self._key(leaf), self._seq, leaf))
@@ -185,25 +194,69 @@ class Scheduler:
 
     # -- internals -----------------------------------------------------------------------
     def _launch(self, now: float) -> list[Message]:
-        groups = self.policy.flow.select(self, now)
+        messages: list[Message] = []
+        if self.hold_bytes is not None and self._queue:  # the memory rule first: what it starts, select sees
+            messages += self._start(self.policy.flow.relieve(self), now)
+        return messages + self._start(self.policy.flow.select(self, now), now)
+
+    def _start(self, groups: list[list[CommTask]], now: float) -> list[Message]:
         messages = []
         for group in groups:
             if not group:
                 raise SchedulerError(f"{self.policy.name}: selected an empty message")
-            idle = not self._in_flight
             limited = self.policy.flow.limited_bytes(self)  # before this message
-            for task in group:
-                task.start()
-            message = Message(self._next_message, tuple(group), self.iteration, now, idle)
-            self._next_message += 1
-            self._in_flight[message.id] = message
-            self.in_flight_bytes += message.nbytes
-            self._unsent[message.id] = message
-            self.unsent_bytes += message.nbytes
-            if limited > 0 and limited + message.nbytes > self.policy.flow.window():
+            nbytes = sum(task.nbytes for task in group)
+            if limited > 0 and limited + nbytes > self.policy.flow.window():
                 raise SchedulerError(
-                    f"{self.policy.name}: {limited + message.nbytes} bytes in flight exceed its window "
+                    f"{self.policy.name}: {limited + nbytes} bytes in flight exceed its window "
                     f"of {self.policy.flow.window():.0f}"
                 )
-            messages.append(message)
+            for part in self._within_hold(group):
+                idle = not self._in_flight
+                for task in part:
+                    task.start()
+                message = Message(self._next_message, tuple(part), self.iteration, now, idle)
+                self._next_message += 1
+                self._in_flight[message.id] = message
+                self.in_flight_bytes += message.nbytes
+                self._unsent[message.id] = message
+                self.unsent_bytes += message.nbytes
+                messages.append(message)
         return messages
+
+    def held_bytes(self) -> int:
+        """Bytes of the gradients ready here with a leaf not yet started (all held whole)."""
+        return sum(self.tensors[name].nbytes for name in {entry[2].tensor.name for entry in self._queue})
+
+    def oldest_waiting(self) -> list[CommTask]:
+        """The queued leaves of the gradient that became ready first of those with any queued, in
+        its order (they stay queued; :meth:`take` takes them)."""
+        if not self._queue:
+            return []
+        oldest = min({entry[2].tensor.name for entry in self._queue}, key=self._ready_at.__getitem__)
+        return sorted((entry[2] for entry in self._queue if entry[2].tensor.name == oldest), key=lambda t: t.offset)
+
+    def take(self, tasks: list[CommTask]) -> None:
+        """Take queued leaves off the queue, wherever they are in it."""
+        ids = {task.id for task in tasks}
+        self._queue = [entry for entry in self._queue if entry[2].id not in ids]
+        heapq.heapify(self._queue)
+
+    def _within_hold(self, group: list[CommTask]) -> list[list[CommTask]]:
+        """``group`` cut, in order, into messages each carrying slices of at most ``hold_bytes``
+        of whole gradients (at least one leaf each)."""
+        if self.hold_bytes is None:
+            return [group]
+        parts: list[list[CommTask]] = [[]]
+        held: set[str] = set()
+        held_bytes = 0
+        for task in group:
+            spec = task.tensor
+            if spec.name not in held:
+                if parts[-1] and held_bytes + spec.nbytes > self.hold_bytes:
+                    parts.append([])
+                    held, held_bytes = set(), 0
+                held.add(spec.name)
+                held_bytes += spec.nbytes
+            parts[-1].append(task)
+        return parts

@@ -120,6 +120,11 @@ class RuntimeConfig:
     gather_budget_mb: float | None = None  # architecture="fully_sharded": MiB of whole parameters alive at
     #   once by its own choice (gathered ahead of need, kept from a forward pass for its backward); None: twice
     #   the largest module's own parameters
+    gradient_budget_mb: float | None = None  # architecture="sharded" or "fully_sharded": MiB this rank holds for
+    #   gradients not yet reduced (whole local gradients waiting for their reduce-scatter, messages packed and in
+    #   flight); past it a backward pass waits for the link before it computes more, and no plan's message
+    #   carries more (ZeRO-2's memory, at the link's pace where the link is the slower); None: twice the
+    #   largest gradient; float("inf"): no bound
 
     # -- failures and diagnostics --
     timeout: float = 300.0  # seconds after which a stuck or dead rank makes the others fail
@@ -140,6 +145,8 @@ class RuntimeConfig:
             (self.bucket_cap_mb > 0, f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}"),
             (self.gather_budget_mb is None or self.gather_budget_mb > 0,
              f"gather_budget_mb must be > 0 (or None), got {self.gather_budget_mb}"),
+            (self.gradient_budget_mb is None or self.gradient_budget_mb > 0,
+             f"gradient_budget_mb must be > 0 (or None), got {self.gradient_budget_mb}"),
             (self.compression in (None, "bf16", "fp16"),
              f"unknown compression {self.compression!r}; choose 'bf16', 'fp16' or None"),
 

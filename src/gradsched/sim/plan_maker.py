@@ -37,6 +37,24 @@ def default_ready_times(tensors: Sequence[TensorSpec], spacing_s: float = 1e-4) 
     return {t.name: i * spacing_s for i, t in enumerate(ordered)}
 
 
+def paced_ready_times(tensors: Sequence[TensorSpec], latency_s: float = DEFAULT_LATENCY_S,
+                      seconds_per_byte: float = DEFAULT_SECONDS_PER_BYTE) -> dict[str, float]:
+    """A guess that bounds memory before anything is measured: gradients arrive in reverse forward
+    order no faster than the link carries them, so a plan made on it sends each as it comes (what
+    a rank holds then is what its budget says, whatever the real pace; priorities reorder
+    nothing until the ready times are measured).
+
+    >>> from gradsched.core import TensorSpec
+    >>> paced_ready_times([TensorSpec("a", 1000, 0, 0), TensorSpec("b", 250, 1, 1)], 0.0, 1e-6)
+    {'b': 0.0, 'a': 0.001}
+    """
+    ready, at = {}, 0.0
+    for spec in sorted(tensors, key=lambda t: -t.priority):
+        ready[spec.name] = at
+        at += latency_s + spec.nbytes * seconds_per_byte
+    return ready
+
+
 def make_plan(
     tensors: Sequence[TensorSpec],
     ready: Mapping[str, float],
@@ -46,6 +64,7 @@ def make_plan(
     overhead_s: float = 0.0,
     arch: str = "allreduce",
     servers: int = 1,
+    hold_bytes: int | None = None,
 ) -> Plan:
     """Run ``policy`` on one backward pass with the given ready times (seconds from the first
     ready gradient) over a FIFO link with the given latency, cost per payload byte and
@@ -53,14 +72,15 @@ def make_plan(
     message is a push then a pull to ``servers`` servers, each costing those.
 
     The engine first runs the policy's warm-up rounds (Prophet profiles them), so the plan
-    is what the policy does in steady state. Ties keep the order of ``ready``.
+    is what the policy does in steady state. Ties keep the order of ``ready``. ``hold_bytes``:
+    no message carries slices of more whole gradients' bytes (the engine's ``hold_bytes``).
     """
     missing = [t.name for t in tensors if t.name not in ready]
     if missing:
         raise ValueError(f"no ready time for {len(missing)} tensors, e.g. {missing[:3]}")
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-    engine = Scheduler(tensors, policy.build())
+    engine = Scheduler(tensors, policy.build(), hold_bytes)
     network = network_for(arch, latency_s, seconds_per_byte, overhead_s, servers=servers)
     recorder = _Recorder()
     loop = EventLoop()

@@ -50,7 +50,8 @@ class InOrderBuckets(FlowControl):
 
     def setup(self, engine: Scheduler) -> None:
         order = sorted(engine.tensors.values(), key=lambda t: -t.priority)
-        self.buckets = assign_buckets(order, self.first_cap, self.cap)
+        hold = engine.hold_bytes or self.cap
+        self.buckets = assign_buckets(order, min(self.first_cap, hold), min(self.cap, hold))
         self._bucket_of = {name: b for b, names in enumerate(self.buckets) for name in names}
 
     def begin_iteration(self, engine: Scheduler, now: float) -> None:
@@ -67,6 +68,9 @@ class InOrderBuckets(FlowControl):
             groups.append([engine.pop() for _ in self.buckets[self._next]])
             self._next += 1
         return groups
+
+    def relieve(self, engine: Scheduler) -> list[list[CommTask]]:
+        return []  # buckets no larger than the engine's hold_bytes bound what waits
 
     def window(self) -> float:
         return float("inf")

@@ -152,6 +152,11 @@ class Architecture:
         """How one message's buffers are averaged (its sends issued through ``device``)."""
         raise NotImplementedError
 
+    def hold_bytes(self, params: Sequence[torch.Tensor], config: RuntimeConfig) -> int | None:
+        """The most bytes of handed-over gradients a rank holds before its backward pass waits for
+        the launcher (None: no bound; the gradients live in the plan's buffers anyway)."""
+        return None
+
     def layout(self) -> Callable[[Any], Any] | None:
         """Where a plan's messages travel from (None: the default, flat buffers the gradients live in)."""
         return None

@@ -40,11 +40,28 @@ class Board:
         self.ready_round = [0] * n  # last round in which the gradient was handed over
         self.reduced_round = [0] * n  # last round whose reduction of it is complete
         self.grads: list[torch.Tensor | None] = [None] * n
+        self.held_bytes = 0  # bytes of the gradients in ``grads`` (handed over, not let go of yet)
+        self.packed_bytes = 0  # bytes of messages packed into copies and not yet ended (the launcher's)
         self.produced: list[Any] = [None] * n  # where the gradient was produced (device.Produced; None: the host)
         self.result: list[Any] = [None] * n  # the event its reduced value is ordered behind (None: none)
         self.error: BaseException | None = None
         self.closed = False
         self.device = device  # where the gradients live, and how work on them is ordered
+
+    def hold(self, i: int, grad: torch.Tensor | None) -> None:
+        """``grads[i] = grad``, counted in ``held_bytes``."""
+        old = self.grads[i]
+        self.held_bytes += (0 if grad is None else grad.nbytes) - (0 if old is None else old.nbytes)
+        self.grads[i] = grad
+
+    def let_go_of_all(self) -> None:
+        self.grads = [None] * len(self.grads)
+        self.held_bytes = self.packed_bytes = 0
+
+    @property
+    def outstanding_bytes(self) -> int:
+        """What this rank holds for gradients not yet reduced: handed over, or packed and in flight."""
+        return self.held_bytes + self.packed_bytes
 
     def ready(self, i: int, round_index: int) -> bool:
         """Gradient ``i`` of round ``round_index`` (or a later one) has been handed over."""

@@ -35,12 +35,14 @@ def open_data_plane(architecture: Architecture, names: Sequence[str], params: Se
                     explain: Callable[[], str]) -> DataPlane:
     """Build it; the exchange's launcher thread runs once this returns (close the exchange)."""
     tensors = architecture.specs(names, params, topology, config, comm_hook)
-    versions = PlanVersions(initial_plan(tensors, policy, architecture.link_model))
+    hold_bytes = architecture.hold_bytes(params, config)
+    versions = PlanVersions(initial_plan(tensors, policy, architecture.link_model, hold_bytes))
     device = device_for(params, Environment.read(), config.timeout)
     try:
         transport = architecture.transport(topology, names, params, versions, config, device, comm_hook)
         exchange = Exchange(tensors, params, versions, transport, device, config.timeout, on_event,
-                            architecture.layout(), chunk_bytes=int(config.bucket_cap_mb * 2**20))
+                            architecture.layout(), chunk_bytes=int(config.bucket_cap_mb * 2**20),
+                            hold_bytes=hold_bytes)
     except BaseException:
         device.close()
         raise

@@ -54,6 +54,7 @@ class Exchange:
         on_event: Callable[..., None] | None = None,
         layout: Callable[[Plan], Any] | None = None,
         chunk_bytes: int | None = None,
+        hold_bytes: int | None = None,
     ) -> None:
         self.board = board = Board(tensors, like, device)
         self.tensors = board.tensors
@@ -62,6 +63,9 @@ class Exchange:
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
+        #: the most bytes of handed-over gradients this rank holds before a backward pass waits for the
+        #: launcher to pack some (None: no bound; where a layout reads each gradient once, under sharding)
+        self.hold_bytes = hold_bytes
         self._layouts = Layouts(board.index, board.like, versions, layout, chunk_bytes)
         completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
@@ -113,10 +117,30 @@ class Exchange:
                     f"gradient of {self.tensors[i].name!r} is ready again while its previous "
                     "reduction is still in flight"
                 )
-            board.grads[i] = grad
+            board.hold(i, grad)
             board.produced[i] = produced
             board.ready_round[i] = round_index
             self.launcher.gradient_ready(round_index)
+        if self.hold_bytes is not None:
+            self._within_budget()
+
+    def _within_budget(self) -> None:
+        """Block the backward pass while this rank holds more than ``hold_bytes`` for gradients not
+        yet reduced (handed over, or packed into messages in flight) and the launcher will pack or
+        end a message without another gradient handed over (it never waits for one that this wait
+        holds back): the link, not autograd, then sets the pace, and a rank holds at most the
+        budget and the gradients of the message the launcher waits to launch."""
+        board = self.board
+        started = time.perf_counter()
+        with board.cond:
+            deadline = time.monotonic() + self.timeout_s
+            while board.outstanding_bytes > self.hold_bytes and not board.stopping and (
+                    board.packed_bytes > 0 or self.launcher.progresses_alone()):  # one ends, or one is packed
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break  # a stuck peer: the reduction's own wait reports it, with the other ranks' progress
+                board.cond.wait(min(left, 1.0))
+        self.waited_s += time.perf_counter() - started
 
     def order_after(self, indices: Sequence[int]) -> int:
         """The current stream waits (on a device with streams: not the host) for the reduced
@@ -218,6 +242,6 @@ class Exchange:
         with board.cond:
             self._layouts.clear()
             self.launcher.rounds.clear()  # the launcher waits for a round that will not begin
-            board.grads = [None] * len(board.grads)
+            board.let_go_of_all()
             board.produced = [None] * len(board.produced)
             board.result = [None] * len(board.result)

@@ -55,6 +55,7 @@ class RoundState:
     layout: BufferLayout
     follower: RoundFollower
     futures: dict[int, list[torch.futures.Future]] = field(default_factory=dict)  # message -> its futures
+    packed: dict[int, int] = field(default_factory=dict)  # message -> bytes of the copies it travels in
 
     @property
     def plan(self) -> Plan:
@@ -84,6 +85,7 @@ class Launcher:
         self.rounds: dict[int, RoundState] = {}
         self._wake = threading.Condition(board.cond)  # the launcher sleeps here, on the board's lock
         self._waiting: object = None  # _ANY_ROUND, or the RoundState whose next message it waits to launch
+        self._begins = 1  # the round it begins next (what _ANY_ROUND waits for)
         self._jobs = Jobs()  # run between rounds (gradsched.runtime.comm.jobs)
         self._timer = CompletionTimer(estimator)
         self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
@@ -102,6 +104,17 @@ class Launcher:
 
     def wake(self) -> None:
         self._wake.notify_all()
+
+    def progresses_alone(self) -> bool:
+        """Whether this thread will launch a message, or see one end, without another gradient
+        handed over first: it is not waiting for a gradient, nor for a round to begin. Under the
+        board's lock; when that changes to False the board's waiters are notified."""
+        state = self._waiting
+        if state is None:
+            return True  # busy (launching), and it will say when it waits again
+        if state is _ANY_ROUND:  # it begins the round it waits for once a gradient of it is handed over
+            return max(self.board.ready_round, default=0) >= self._begins
+        return not state.follower.lacking(partial(self._ready, state.index))
 
     def held_up_by(self, indices: Sequence[int]) -> list[int]:
         """If the message this thread waits to launch lacks gradients of its round, and must go
@@ -186,6 +199,7 @@ class Launcher:
         """Wait until the round has begun here (running jobs meanwhile), then set it up (None: stop)."""
         board = self.board
         with board.cond:
+            self._begins = round_index
             # Choose the round's plan only once the round has begun here: a plan agreed at
             # the control point of the previous round must be in place. A job runs before the
             # first message of the round that had not begun here when it was queued (the
@@ -204,6 +218,7 @@ class Launcher:
                         job.done.set()
                     continue
                 self._waiting = _ANY_ROUND
+                board.cond.notify_all()  # progresses_alone() changed
                 self._wake.wait()
             self._waiting = None
             adopted = self.versions.for_round(round_index)
@@ -225,6 +240,7 @@ class Launcher:
                 if board.stopping:
                     return None
                 self._waiting = state
+                board.cond.notify_all()  # progresses_alone() may have changed
                 self._wake.wait()
             self._waiting = None
             k, idle = state.follower.launch()
@@ -239,7 +255,10 @@ class Launcher:
         buffers, results, targets = state.layout.pack(k, message, grads)
         if state.layout.reads_gradients_once and not self.board.device.ordered:
             with self.board.cond:  # packed (on the host: copied by now): what only the pack read can go
+                state.packed[k] = sum(buffer.nbytes for buffer in buffers)
+                self.board.packed_bytes += state.packed[k]
                 self._let_go(state, message, packed=True)
+                self.board.cond.notify_all()  # a backward pass may wait for the bytes (Exchange.mark_ready)
         launched_at = time.perf_counter()
         futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
                                         on_sent=partial(self._sent, state, k))
@@ -263,7 +282,7 @@ class Launcher:
         for name in dict.fromkeys(message.tensors):
             i = board.index[name]
             if board.ready_round[i] == state.index and all(map(over, follower.messages_of[i])):
-                board.grads[i] = None
+                board.hold(i, None)
                 board.produced[i] = None
 
     def _resolved(self, state: RoundState, k: int, event: Any) -> None:
@@ -300,6 +319,7 @@ class Launcher:
                 board.result[i] = None
                 board.reduced_round[i] = state.index
             self._let_go(state, message)
+            board.packed_bytes -= state.packed.pop(k, 0)
             state.futures.pop(k, None)
             if self.on_event:
                 self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)

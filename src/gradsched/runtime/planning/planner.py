@@ -36,7 +36,7 @@ from gradsched.core.plan import Plan
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
 from gradsched.models.table import ModelTable
-from gradsched.sim import default_ready_times, make_plan
+from gradsched.sim import default_ready_times, paced_ready_times, make_plan
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.files import problem_writing
 from gradsched.runtime.errors import GradschedError, failing_rank
@@ -53,9 +53,11 @@ from gradsched.runtime.comm.wire_format import Proposal
 logger = logging.getLogger("gradsched")
 
 
-def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str) -> Plan:
-    """The plan before anything is measured: gradients guessed ready in reverse order."""
-    return make_plan(tensors, default_ready_times(tensors), policy, arch=arch)
+def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str, hold_bytes: int | None) -> Plan:
+    """The plan before anything is measured: gradients guessed ready in reverse order (under a
+    memory budget, at the link's pace: sent as they come, nothing reordered to hold them)."""
+    ready = default_ready_times(tensors) if hold_bytes is None else paced_ready_times(tensors)
+    return make_plan(tensors, ready, policy, arch=arch, hold_bytes=hold_bytes)
 
 
 class Planner:
@@ -245,7 +247,7 @@ class Planner:
         else:
             policy, plan = self.chosen, None
         plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.architecture.link_model,
-                                 servers=max(1, self.architecture.servers))
+                                 servers=max(1, self.architecture.servers), hold_bytes=self.exchange.hold_bytes)
         if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))

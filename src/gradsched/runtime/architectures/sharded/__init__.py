@@ -20,6 +20,7 @@ overflow check on the DTensor gradients is agreed over every rank's shards by to
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Sequence
 
@@ -78,6 +79,14 @@ class Sharded(Architecture):
         self.shards.pairwise = pairwise_for(topology.data)  # its all-gathers travel the way its reduce-scatters do
         self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
         return compressed(Issued(ReduceScatter(topology.data, self.shards.pairwise), device, topology.data), config)
+
+    def hold_bytes(self, params: Sequence[torch.Tensor], config: RuntimeConfig) -> int | None:
+        """``gradient_budget_mb`` in bytes (default: twice the largest gradient, one in flight while
+        the next waits): each local gradient is let go of once packed, and each packed message once
+        it ended, so these are what a rank holds beyond ZeRO-2's own."""
+        if config.gradient_budget_mb is None:
+            return 2 * max(p.numel() * p.element_size() for p in params)
+        return None if math.isinf(config.gradient_budget_mb) else max(1, int(config.gradient_budget_mb * MiB))
 
     def layout(self) -> Any:
         shards = self.shards

@@ -70,6 +70,11 @@ class Gatherer:
         self.stopping = False
         self.peak = 0  # the most bytes of whole parameters alive at once (tests, the bench)
         self._gathered: dict[int, _Gathered] = {}  # unit -> its latest gather (what a reader orders itself after)
+        #: parameter -> the memory it is gathered into, allocated at its first gather and kept (as
+        #: FSDP2 keeps its unsharded parameters' storage): freeing resizes it to nothing, so what
+        #: autograd saved of it (a transposed view of a weight) pins no memory, and sees the
+        #: values gathered again for the backward pass
+        self._storage: dict[int, torch.UntypedStorage] = {}
         self._thread = threading.Thread(target=self._run, name="gradsched-gatherer", daemon=True)
 
     def start(self) -> None:
@@ -126,10 +131,25 @@ class Gatherer:
             self.cond.notify_all()  # room in the budget
 
     def release(self, u: int) -> None:
-        """Unit ``u``'s parameters' memory goes (whatever the queue says: at the start, all)."""
+        """Unit ``u``'s parameters' memory goes (whatever the queue says: at the start, all, and the
+        model's own memory is let go of, not resized: the user may hold a view of it)."""
         for i in self.units[u]:
             p = self.shards.params[i]
             p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
+            storage = self._storage.get(i)
+            if storage is not None:
+                storage.resize_(0)
+
+    def _whole(self, i: int) -> torch.Tensor:
+        """Parameter ``i``'s whole memory for a gather: its storage grown back (see ``_storage``)."""
+        p = self.shards.params[i]
+        storage = self._storage.get(i)
+        if storage is None:
+            whole = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+            self._storage[i] = whole.untyped_storage()
+            return whole
+        storage.resize_(p.numel() * p.element_size())
+        return torch.empty(0, dtype=p.dtype, device=p.device).set_(storage, 0, p.shape)
 
     def free_all(self) -> None:
         for u in self.queue.whole():
@@ -158,9 +178,8 @@ class Gatherer:
                             return
                         u = self.queue.issue()
                         self.peak = max(self.peak, self.queue.materialized)
-                    for i in self.units[u]:  # the same tensor (autograd may have saved it): new memory
-                        p = self.shards.params[i]
-                        p.data = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                    for i in self.units[u]:  # the same tensor (autograd may have saved it), its memory back
+                        self.shards.params[i].data = self._whole(i)
                     future = self.shards.gather_whole(self.units[u], self.pairwise, self.group, self.device)
                     with self.cond:
                         self._gathered[u] = _Gathered(future)
