@@ -14,7 +14,7 @@ import torch
 from gradsched.core.base import PolicyConfig
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.architectures.base import Architecture
-from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.exchange import Exchange, message_hold
 from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.config import Environment, RuntimeConfig
@@ -36,7 +36,7 @@ def open_data_plane(architecture: Architecture, names: Sequence[str], params: Se
     """Build it; the exchange's launcher thread runs once this returns (close the exchange)."""
     tensors = architecture.specs(names, params, topology, config, comm_hook)
     hold_bytes = architecture.hold_bytes(params, config)
-    versions = PlanVersions(initial_plan(tensors, policy, architecture.link_model, hold_bytes))
+    versions = PlanVersions(initial_plan(tensors, policy, architecture.link_model, message_hold(hold_bytes)))
     device = device_for(params, Environment.read(), config.timeout)
     try:
         transport = architecture.transport(topology, names, params, versions, config, device, comm_hook)

@@ -42,6 +42,13 @@ def _in_backward() -> bool:
     return backward_running()
 
 
+def message_hold(hold_bytes: int | None) -> int | None:
+    """What one planned message may carry of whole gradients under a rank's ``hold_bytes`` (the
+    engine's ``hold_bytes``): half of it, so that one message in flight and the next one filling
+    fit in the budget together, and the link never waits for a backward pass that waits for it."""
+    return None if hold_bytes is None else max(1, hold_bytes // 2)
+
+
 class Exchange:
     def __init__(
         self,
@@ -63,13 +70,17 @@ class Exchange:
         self.estimator = LinkEstimator()  # fitted from every completed message
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
-        #: the most bytes of handed-over gradients this rank holds before a backward pass waits for the
-        #: launcher to pack some (None: no bound; where a layout reads each gradient once, under sharding)
+        #: the most bytes this rank holds for gradients not yet reduced before a backward pass waits for
+        #: the link (None: no bound; under sharding, where a layout reads each gradient once)
         self.hold_bytes = hold_bytes
         self._layouts = Layouts(board.index, board.like, versions, layout, chunk_bytes)
         completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()
+
+    @property
+    def message_hold_bytes(self) -> int | None:
+        return message_hold(self.hold_bytes)
 
     @property
     def device(self) -> Device:

@@ -247,7 +247,7 @@ class Planner:
         else:
             policy, plan = self.chosen, None
         plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.architecture.link_model,
-                                 servers=max(1, self.architecture.servers), hold_bytes=self.exchange.hold_bytes)
+                                 servers=max(1, self.architecture.servers), hold_bytes=self.exchange.message_hold_bytes)
         if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))
