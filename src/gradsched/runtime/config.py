@@ -123,8 +123,8 @@ class RuntimeConfig:
     gradient_budget_mb: float | None = None  # architecture="sharded" or "fully_sharded": MiB this rank holds for
     #   gradients not yet reduced (whole local gradients waiting for their reduce-scatter, messages packed and in
     #   flight); past it a backward pass waits for the link before it computes more, and no plan's message
-    #   carries more (ZeRO-2's memory, at the link's pace where the link is the slower); None: twice the
-    #   largest gradient; float("inf"): no bound
+    #   carries more than half of it (ZeRO-2's memory, at the link's pace where the link is the slower);
+    #   None: twice the largest gradient; float("inf"): no bound
 
     # -- failures and diagnostics --
     timeout: float = 300.0  # seconds after which a stuck or dead rank makes the others fail
