@@ -263,6 +263,7 @@ def test_check_says_whether_the_cluster_can_run(monkeypatch, capsys):
     assert "no emulated cluster here: creating network namespaces needs root" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # CI: the smoke run keeps the bench working; compression and clipping are tested in the runtime
 def test_loopback_run_is_labelled_unlimited_and_clipping_rows_follow_each_policy(tmp_path):
     """Also: the compression baselines (DDP with a bf16 and an fp16 hook) and --compression."""
     out = subprocess.run(
@@ -320,6 +321,7 @@ def test_parameter_servers_and_autotune_on_loopback(tmp_path):
     assert f"{rows['bytescheduler']['iteration_s'] * 1e3:.0f} -> {final:.0f}" in tuned[2]
 
 
+@pytest.mark.slow  # CI: tests/bench/test_protocol.py (the rows), the sharded runtime's own tests (equal to DDP)
 def test_sharded_rows_beside_ddp_zero_and_fsdp2_on_loopback():
     """What a user would pick instead of architecture="sharded" (DDP + ZeroRedundancyOptimizer,
     FSDP2's fully_shard with and without resharding) runs beside it; each row carries the
