@@ -79,10 +79,6 @@ class Exchange:
         self.launcher.start()
 
     @property
-    def message_hold_bytes(self) -> int | None:
-        return message_hold(self.hold_bytes)
-
-    @property
     def device(self) -> Device:
         """Where the gradients live, and how work on them is ordered (the board's)."""
         return self.board.device

@@ -41,7 +41,7 @@ from gradsched.runtime.config import RuntimeConfig
 from gradsched.files import problem_writing
 from gradsched.runtime.errors import GradschedError, failing_rank
 from gradsched.runtime.architectures.base import Architecture
-from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.exchange import Exchange, message_hold
 from gradsched.runtime.planning.probe import probe_link
 from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.planning.prediction import TrialPredictor
@@ -247,7 +247,8 @@ class Planner:
         else:
             policy, plan = self.chosen, None
         plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.architecture.link_model,
-                                 servers=max(1, self.architecture.servers), hold_bytes=self.exchange.message_hold_bytes)
+                                 servers=max(1, self.architecture.servers),
+                                 hold_bytes=message_hold(self.exchange.hold_bytes))
         if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))

@@ -41,6 +41,11 @@ from gradsched.runtime.device import Device
 from gradsched.runtime.training.plane import Plane
 
 
+def _bytes(mib: float) -> int:
+    """A budget option given in MiB, in bytes (at least one)."""
+    return max(1, int(mib * MiB))
+
+
 class Sharded(Architecture):
     name = "sharded"
     hands_out_dtensors = True
@@ -86,7 +91,7 @@ class Sharded(Architecture):
         it ended, so these are what a rank holds beyond ZeRO-2's own."""
         if config.gradient_budget_mb is None:
             return 2 * max(p.numel() * p.element_size() for p in params)
-        return None if math.isinf(config.gradient_budget_mb) else max(1, int(config.gradient_budget_mb * MiB))
+        return None if math.isinf(config.gradient_budget_mb) else _bytes(config.gradient_budget_mb)
 
     def layout(self) -> Any:
         shards = self.shards
@@ -128,7 +133,7 @@ class FullySharded(Sharded):
         shards = self.shards
 
         def gatherer(units: Sequence[Sequence[int]]) -> Gatherer:
-            budget = None if config.gather_budget_mb is None else max(1, int(config.gather_budget_mb * MiB))
+            budget = None if config.gather_budget_mb is None else _bytes(config.gather_budget_mb)
             return Gatherer(shards, units, budget, pairwise, group, exchange.device, config.timeout)
 
         return FullyShardedStep(shards, exchange, partial(getattr, topology, "data"), handover, updates,
