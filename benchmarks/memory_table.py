@@ -13,8 +13,10 @@ above what was allocated then (gradsched.bench.memory.HeapPeak, the allocator's 
 steadier, and blind to what the allocator keeps), each divided by P, both taken when the
 training ends (before a wrapper's close(), which under fully sharded gathers every parameter
 whole again: FSDP2's arm likewise joins its parameters after). Beside them: what the arm
-must hold at least, in P (parameters, gradients, buckets, optimizer state), and the largest
-difference of its parameters from DDP's after the run where it is a drop-in for DDP.
+must hold at least, in words and in P (parameters, gradients, buckets, optimizer state, what
+its budgets allow), how far its allocated peak is above that (what every arm holds besides:
+the optimizer's temporaries, the gradient autograd is computing, the inputs and the process
+group's own buffers), and the largest difference of its parameters from DDP's after the run.
 """
 
 from __future__ import annotations
@@ -31,25 +33,23 @@ import torch.multiprocessing as mp
 
 WIDTH, LAYERS, BATCH, STEPS, WORLD = 3072, 6, 32, 8, 2
 
-#: arm -> (what it must hold at least, in P, as words)
+LAYER = 1 / LAYERS  # one layer's parameters (or gradients), in P
+#: arm -> (what it must hold at least, as words; the same in P)
 ARMS = {
-    "ddp": "params 1 + grads 1 + buckets 1 + AdamW 2",
-    "ddp-view": "params 1 + grads 1 + AdamW 2",
-    "ddp-zero": "params 1 + grads 1 + buckets 1 + AdamW 1",
-    "fsdp2": "params 1/2 + grads 1/2 + AdamW 1 + one layer gathered",
-    "fsdp2-noreshard": "params 1/2 + grads 1/2 + AdamW 1 + every layer gathered from forward to backward",
-    "fifo": "params 1 + grads 1 + AdamW 2",
-    "bytescheduler": "params 1 + grads 1 + AdamW 2",
-    "prophet": "params 1 + grads 1 + AdamW 2",
-    "fifo-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
-    "bytescheduler-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
-    "prophet-sharded": "params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget)",
-    "fifo-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered, two waiting for the link "
-                          "(the default budgets)",
-    "prophet-fully_sharded": "params 1/2 + grads 1/2 + AdamW 1 + two layers gathered, two waiting for the link "
-                             "(the default budgets)",
-    "prophet-fully_sharded-lean": "params 1/2 + grads 1/2 + AdamW 1 + one layer gathered, one waiting for the link "
-                                  "(gather_budget_mb and gradient_budget_mb: a layer)",
+    "ddp": ("params 1 + grads 1 + buckets 1 + AdamW 2", 5),
+    "ddp-view": ("params 1 + grads 1 + AdamW 2", 4),
+    "ddp-zero": ("params 1 + grads 1 + buckets 1 + AdamW 1", 4),
+    "fsdp2": ("params 1/2 + grads 1/2 + AdamW 1 + one layer gathered", 2 + LAYER),
+    "fsdp2-noreshard": ("params 1/2 + AdamW 1 + every layer gathered from forward to backward", 2.5),
+    "fifo": ("params 1 + grads 1 + AdamW 2", 4),
+    "bytescheduler": ("params 1 + grads 1 + AdamW 2", 4),
+    "prophet": ("params 1 + grads 1 + AdamW 2", 4),
+    **{f"{policy}-sharded": ("params 1 + grads 1/2 + AdamW 1 + two layers waiting for the link (the default budget: "
+                             "the credit window)", 2.5 + 2 * LAYER) for policy in ("fifo", "bytescheduler", "prophet")},
+    **{f"{policy}-fully_sharded": ("params 1/2 + grads 1/2 + AdamW 1 + one layer gathered, two waiting for the link "
+                                   "(the default budgets)", 2 + 3 * LAYER) for policy in ("fifo", "prophet")},
+    "prophet-fully_sharded-lean": ("params 1/2 + grads 1/2 + AdamW 1 + one layer gathered, one waiting for the link "
+                                   "(gradient_budget_mb: a layer)", 2 + 2 * LAYER),
 }
 LAYER_MB = (WIDTH * WIDTH + WIDTH) * 4 / 2**20  # one layer's parameters (or gradients), in MiB
 
@@ -92,7 +92,7 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
 
         policy, _, architecture = arm.partition("-")
         architecture, _, variant = architecture.partition("-")
-        lean = dict(gather_budget_mb=LAYER_MB, gradient_budget_mb=LAYER_MB) if variant == "lean" else {}
+        lean = dict(gradient_budget_mb=LAYER_MB) if variant == "lean" else {}
         model, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-4), policy=policy,
                                           architecture=architecture or "allreduce", **lean)
     generator = torch.Generator().manual_seed(1 + rank)
@@ -126,14 +126,16 @@ def measure(arm: str) -> dict:
         return torch.load(out)
 
 
-HEADER = ["| arm | peak (P) | allocated at most (P) | must hold at least | max abs diff from DDP |",
-          "|---|---:|---:|---|---:|"]
+HEADER = ["| arm | peak (P) | allocated at most (P) | must hold at least | (P) | allocated above it (P) "
+          "| max abs diff from DDP |",
+          "|---|---:|---:|---|---:|---:|---:|"]
 
 
 def row(arm: str, result: dict) -> str:
     diff, heap = result["max_abs_diff_from_ddp"], result.get("heap_peak_p")
-    return (f"| {arm} | {result['peak_p']:.2f} | {'-' if heap is None else f'{heap:.2f}'} | {ARMS[arm]} | "
-            f"{'-' if diff is None else f'{diff:.1e}'} |")
+    words, least = ARMS[arm]
+    return (f"| {arm} | {result['peak_p']:.2f} | {'-' if heap is None else f'{heap:.2f}'} | {words} | {least:.2f} | "
+            f"{'-' if heap is None else f'{heap - least:+.2f}'} | {'-' if diff is None else f'{diff:.1e}'} |")
 
 
 def table(data: dict) -> str:

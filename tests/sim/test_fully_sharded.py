@@ -28,12 +28,16 @@ def test_a_budget_above_the_model_and_one_more_layer_gathers_once_as_fsdp2_witho
         fsdp_iteration_s(model, CLUSTER, reshard_after_forward=False))
 
 
-def test_more_budget_is_never_slower_and_the_default_is_not_slower_than_fsdp2():
+def test_more_budget_is_never_slower_and_at_fsdp2s_memory_not_slower_than_fsdp2():
+    """FSDP2's model has streams: one unit whole in use and the next prefetched, two of the
+    largest units at most; at that budget gradsched's schedule is not slower. The default (one
+    unit: FSDP2's memory on a host, where it has no streams to prefetch on) is the slowest."""
     model = uneven()
     largest = max(p.nbytes for layer in model.layers for p in layer.params)
     times = [fully_sharded_iteration_s(model, CLUSTER, budget_bytes=k * largest) for k in (1, 2, 3, 4, 8)]
     assert all(a >= b - 1e-9 for a, b in zip(times, times[1:])), times
-    assert fully_sharded_iteration_s(model, CLUSTER) <= fsdp_iteration_s(model, CLUSTER) + 1e-9
+    assert fully_sharded_iteration_s(model, CLUSTER) == times[0]
+    assert times[1] <= fsdp_iteration_s(model, CLUSTER) + 1e-9
 
 
 def test_it_models_sharded_links_only():

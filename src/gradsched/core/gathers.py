@@ -39,6 +39,18 @@ from enum import Enum
 from typing import Iterable, Sequence
 
 
+def default_budget(sizes: Sequence[int]) -> int:
+    """The budget when none is given: the largest unit, what FSDP2 holds whole at once where
+    it has no streams to prefetch on (a host): one layer whole at a time, no prefetch past
+    units smaller than the largest, nothing kept from a forward pass for its backward pass.
+    A larger ``gather_budget_mb`` buys overlap with memory.
+
+    >>> default_budget([4, 9, 2])
+    9
+    """
+    return max(sizes, default=1)
+
+
 class UnitState(Enum):
     FREED = "freed"  # only this rank's shard
     QUEUED = "queued"  # a gather is queued, not yet issued

@@ -118,8 +118,8 @@ class RuntimeConfig:
     #   also freed between uses (docs/architectures.md; checked, and built, by gradsched.runtime.architectures.choice)
     servers: int = 0  # parameter servers (architecture="ps" only)
     gather_budget_mb: float | None = None  # architecture="fully_sharded": MiB of whole parameters alive at
-    #   once by its own choice (gathered ahead of need, kept from a forward pass for its backward); None: twice
-    #   the largest module's own parameters
+    #   once by its own choice (gathered ahead of need, kept from a forward pass for its backward); None: the
+    #   largest module's own parameters (FSDP2's memory on a host: one module whole at a time)
     gradient_budget_mb: float | None = None  # architecture="sharded" or "fully_sharded": MiB this rank holds for
     #   gradients not yet reduced (whole local gradients waiting for their reduce-scatter, messages packed and in
     #   flight); past it a backward pass waits for the link before it computes more, and no plan's message

@@ -35,7 +35,7 @@ once its backward ends (``fifo``'s order), all on the one FIFO link.
 
 from __future__ import annotations
 
-from ..core.gathers import GatherQueue, UnitState
+from ..core.gathers import GatherQueue, UnitState, default_budget
 from ..models.table import ModelTable
 from .cluster import Cluster
 from .network import Network
@@ -80,7 +80,7 @@ def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes:
                               iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``architecture="fully_sharded"`` (every layer with
     parameters a unit; ``budget_bytes``: ``gather_budget_mb`` in bytes, None: the runtime's
-    default, twice the largest layer's). Gathers are issued where the runtime's gathering
+    default, the largest layer's). Gathers are issued where the runtime's gathering
     thread is woken (a pass begins, a layer starts, a layer is freed) as far as the queue
     allows."""
     if cluster.arch != "sharded":
@@ -89,7 +89,7 @@ def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes:
     layers = list(model.layers)
     sizes = [sum(p.nbytes for p in layer.params) for layer in layers]
     units = [i for i, n in enumerate(sizes) if n]
-    queue = GatherQueue([sizes[i] for i in units], budget_bytes or 2 * max(sizes, default=1))
+    queue = GatherQueue([sizes[i] for i in units], budget_bytes or default_budget(sizes))
     unit_of = {layer: u for u, layer in enumerate(units)}
     landed: dict[int, float] = {}  # unit -> when its gather completes
 

@@ -137,7 +137,11 @@ class DeferredUpdates:
 
     def step_only(self, chosen: set[int], snapshot: Snapshot) -> None:
         """Run the optimizer's step on the parameters whose ``id`` is in ``chosen``, with
-        ``snapshot``'s hyper-parameters."""
+        ``snapshot``'s hyper-parameters: one ``step()`` per run of them consecutive in their
+        group (the runs of every group together), so that no temporary of a step outlives
+        its parameter into the next one's that the full step would not see beside it (torch's
+        per-tensor loops keep the last tensor's temporaries while the next is computed: two
+        weights in a row, where the full step has a bias between, hold a layer more)."""
         if not chosen:
             return
         started = time.perf_counter()
@@ -147,10 +151,20 @@ class DeferredUpdates:
             place = where.get(pid)
             if place is not None:
                 members.setdefault(place[0], []).append(place[1:])
+        runs = {g: consecutive_runs(sorted(chosen_here, key=lambda m: m[0])) for g, chosen_here in members.items()}
+        for j in range(max(map(len, runs.values()), default=0)):
+            self._step_with({g: [p for _, p in group_runs[j]] for g, group_runs in runs.items()
+                             if j < len(group_runs)}, snapshot)
+        if self.trace:
+            self.trace.span("update", f"{len(chosen)} parameters", started, time.perf_counter())
+
+    def _step_with(self, chosen: dict[int, list[torch.Tensor]], snapshot: Snapshot) -> None:
+        """One ``step()`` of the optimizer with each group's ``params`` narrowed to ``chosen``'s
+        (group -> parameters; none where absent) and ``snapshot``'s hyper-parameters."""
         saved = []
         for g, (group, values) in enumerate(zip(self.optimizer.param_groups, snapshot.groups)):
             saved.append((group["params"], {k: group[k] for k in values}))
-            chosen_here = [p for _, p in sorted(members.get(g, ()), key=lambda m: m[0])]
+            chosen_here = chosen.get(g, [])
             if self.run_on is not None:  # sharded: this rank's shards in their parameters' place
                 chosen_here = [self.run_on[id(p)] for p in chosen_here if id(p) in self.run_on]
             group["params"] = chosen_here
@@ -172,8 +186,21 @@ class DeferredUpdates:
                     delattr(self.optimizer, name)
                 else:
                     setattr(self.optimizer, name, value)
-        if self.trace:
-            self.trace.span("update", f"{len(chosen)} parameters", started, time.perf_counter())
+
+
+def consecutive_runs(placed: Sequence[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+    """``placed`` ((position, item), by position) cut where a position is skipped.
+
+    >>> consecutive_runs([(0, "a"), (1, "b"), (3, "c"), (4, "d"), (7, "e")])
+    [[(0, 'a'), (1, 'b')], [(3, 'c'), (4, 'd')], [(7, 'e')]]
+    """
+    runs: list[list[tuple[int, Any]]] = []
+    for position, item in placed:
+        if runs and runs[-1][-1][0] == position - 1:
+            runs[-1].append((position, item))
+        else:
+            runs.append([(position, item)])
+    return runs
 
 
 def clear_grad(p: torch.Tensor, set_to_none: bool) -> None:

@@ -9,7 +9,8 @@ whole into their own memory; after its forward pass they are freed unless the bu
 for the backward pass, and after the backward pass has accumulated all of their gradients
 they are freed. Which gathers are issued, in what order and when is
 :class:`gradsched.core.gathers.GatherQueue`'s: prefetching ahead of need within
-``gather_budget_mb`` of whole parameters alive at once (default: twice the largest unit),
+``gather_budget_mb`` of whole parameters alive at once (default: the largest unit, FSDP2's
+on a host),
 on a process group of its own (``gathers``), from one thread (:class:`Gatherer`).
 
 The parameters stay the model's own ``nn.Parameter`` objects: while freed their data is a
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradsched.core.gathers import GatherQueue, UnitState
+from gradsched.core.gathers import GatherQueue, UnitState, default_budget
 from gradsched.core.plan import Plan
 from gradsched.runtime.architectures.sharded.shards import Shards
 from gradsched.runtime.architectures.sharded.stepping import ShardedStep, _Gathered
@@ -59,10 +60,10 @@ class Gatherer:
 
     def __init__(self, shards: Shards, units: Sequence[Sequence[int]], budget: int | None, pairwise: Pairwise,
                  group: dist.ProcessGroup, device: Device, timeout_s: float) -> None:
-        """``budget``: bytes of whole parameters prefetching may hold (None: twice the largest unit's)."""
+        """``budget``: bytes of whole parameters prefetching may hold (None: :func:`default_budget`)."""
         self.shards, self.units = shards, [list(u) for u in units]
         sizes = [sum(_nbytes(shards.params[i]) for i in u) for u in self.units]
-        self.queue = GatherQueue(sizes, budget or 2 * max(sizes, default=1))
+        self.queue = GatherQueue(sizes, budget or default_budget(sizes))
         self.pairwise, self.group, self.device = pairwise, group, device
         self.timeout_s = timeout_s
         self.cond = threading.Condition()
