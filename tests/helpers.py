@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import weakref
 from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from gradsched.core import TensorSpec
 from gradsched.models.table import Layer, ModelTable, ParamSpec
@@ -37,3 +42,26 @@ def moved_by_elastic_example(final: dict) -> float:
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     return max(float((final[name] - p).abs().max()) for name, p in example.make_model().state_dict().items())
+
+
+class LiveTemporaries(TorchDispatchMode):
+    """The most bytes held at once by tensors that operators made afresh while the mode was on
+    (counted until the tensor object is collected: the optimizers' temporaries are not viewed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                nbytes = t.untyped_storage().nbytes()
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, nbytes)
+        return out

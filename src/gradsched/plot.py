@@ -113,16 +113,20 @@ def plot_bench(data: dict, path: str | Path) -> None:
 
 
 def _time_against_memory(ax, rows: Sequence[dict]) -> None:
-    """Each run's iteration time against its peak memory per rank (the resident set's high-water
-    mark added by the run; on CUDA the allocator's peak): lower left is better."""
+    """Each run's iteration time against its peak memory per rank: the most bytes allocated at
+    once where measured (the allocator's count; on CUDA its peak), else the resident set's
+    high-water mark added by the run (which counts the pages an allocator keeps): lower left
+    is better."""
+    allocated = all(r.get("peak_allocated_bytes") for r in rows if r.get("peak_memory_bytes"))
+    key = "peak_allocated_bytes" if allocated else "peak_memory_bytes"
     for r in rows:
-        if not r.get("peak_memory_bytes"):
+        if not r.get(key):
             continue
         label = r["policy"] + ("" if r.get("bandwidth_gbps") is None else f" @{r['bandwidth_gbps']:.3g}")
-        x, y = r["peak_memory_bytes"] / (1 << 20), r["iteration_s"] * 1e3
+        x, y = r[key] / (1 << 20), r["iteration_s"] * 1e3
         ax.scatter([x], [y], s=18)
         ax.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("peak memory per rank (MiB)")
+    ax.set_xlabel(f"peak {'allocated' if allocated else 'resident'} memory per rank (MiB)")
     ax.set_ylabel("iteration time (ms)")
     ax.set_title("time against memory", fontsize=9)
 

@@ -157,6 +157,7 @@ def test_smoke_run_two_workers(tmp_path):
                                                                 text=True).stdout.split() if n.startswith(PREFIX)]
 
 
+@pytest.mark.slow  # CI: the servers' runtime (tests/distributed/test_ps.py) and the bench's smoke run; this, its link model
 @needs_netns
 def test_parameter_servers_communication_alone_is_limited_by_the_server_link():
     """2 workers + 1 server at 1 Gbit/s: the server receives (and sends) both workers'

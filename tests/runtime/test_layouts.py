@@ -55,3 +55,36 @@ def test_the_homes_are_chunks_of_at_least_the_bucket_size_cut_between_the_first_
     # a + b fill one chunk; c + d, one message, stay together though c alone fills a chunk; e: another
     assert storages[0] == storages[1] != storages[2] == storages[3] != storages[4]
     assert sorted(layout.fused) == [0, 1, 2]  # every message of the first plan is a range of one chunk
+
+
+def test_the_homes_follow_the_plan_given_for_them_whatever_plan_comes_first():
+    """The data plane lays the homes out by DDP's buckets (the measured trial's other arm and
+    the hand-off's target), not by the policy's first plan: every bucket is then a range of
+    them, reduced in place; before, on ResNet-50's replay, all four buckets (0.92 of the
+    gradients' bytes) travelled as copies through the trial's buckets rounds."""
+    params = [torch.zeros(4), torch.zeros(2), torch.zeros(3)]
+    index = {"a": 0, "b": 1, "c": 2}
+    buckets = plan((("c", 0, 3), ("b", 0, 2)), (("a", 0, 4),))
+    versions = PlanVersions(plan((("a", 0, 4), ("c", 0, 3)), (("b", 0, 2),)))  # the policy's, another order
+    layouts = Layouts(index, params, versions, homes_plan=buckets)
+    first = layouts.of(versions.for_round(1))
+    versions.adopt(buckets, first_round=2)
+    assert sorted(layouts.of(versions.for_round(2)).fused) == [0, 1]  # every bucket in place
+    assert sorted(first.fused) == [1]  # the policy's a + c is not a range of them: copied
+    homes = [first.homes[i].data_ptr() for i in range(3)]
+    assert homes[2] < homes[1] < homes[0]  # c, b, a: the buckets' order
+
+
+def test_the_data_plane_lays_the_homes_out_as_ddps_buckets(world_of_one):
+    import gradsched
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)])
+    _, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "prophet", bucket_cap_mb=0.02)
+    try:
+        homes_plan = optimizer._coordinator.backend.exchange._layouts.homes_plan
+        assert homes_plan.policy == "fifo"
+        names = [n for n, _ in model.named_parameters()]
+        assert [name for m in homes_plan.messages for name in m.tensors] == names[::-1]  # the backward pass's order
+        assert len(homes_plan.messages) > 1  # cut at the bucket cap (DDP's first bucket is 1 MiB)
+    finally:
+        optimizer.close()

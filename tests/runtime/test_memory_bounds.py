@@ -308,3 +308,19 @@ def test_fully_sharded_under_activation_checkpointing_computes_what_the_model_co
     optimizer.close()
     for mine, theirs in zip(model.parameters(), reference.parameters()):
         assert torch.equal(mine, theirs)
+
+
+def test_the_wrap_time_check_of_equal_parameters_holds_a_chunk_not_copies_of_a_parameter():
+    """wrap() compares every parameter's sum and sum of squares across ranks in double
+    precision: once a double copy of each parameter and of its square, three times the largest
+    parameter's memory at wrap time (VGG-16's first linear layer: 1.6 GB, the peak of a whole
+    sharded run); now a chunk at a time, with the same sums."""
+    from helpers import LiveTemporaries
+
+    from gradsched.runtime.frontend.checks import value_sums
+
+    p = torch.randn(4 << 20, generator=torch.Generator().manual_seed(0))
+    with LiveTemporaries() as live:
+        sums = value_sums(p)
+    assert live.peak <= 3 * (1 << 20) * 8, live.peak / p.nbytes  # a chunk of doubles, its square, its sums
+    assert sums == pytest.approx((float(p.double().sum()), float(p.double().square().sum())), rel=1e-12)

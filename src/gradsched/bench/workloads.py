@@ -167,12 +167,15 @@ class ReplayLayer(nn.Module):
         self.weights = nn.ParameterList([nn.Parameter(torch.zeros(n)) for n in sizes])
         self._buffers_out: list[torch.Tensor | None] = [None] * len(sizes)
         self._hooks = []
-        self._hooked: list[int] = []
-        self.track_gradients()
+        self._hooked: list[int] = []  # the hooks are registered by the first forward pass (see track_gradients)
 
     def track_gradients(self) -> None:
         """Register the hooks that keep each gradient buffer for the next iteration (again
-        whenever the parameters are replaced: FSDP2 computes with parameters of its own)."""
+        whenever the parameters are replaced: FSDP2 computes with parameters of its own). From
+        the first forward pass, so after a wrapper's own hooks: what is kept is the gradient as
+        the wrapper left it (gradsched's and DDP's bucket views: a view of their buffer, which
+        autograd then accumulates into in place), never autograd's tensor that the wrapper copied
+        and let go, which a real model's backward pass would not keep alive."""
         self._hooked = [id(p) for p in self.weights]
         # The hooks live in the parameters, out of sight of Python's cycle collector: they
         # must not hold the layer (which holds the parameters), or no model is ever freed.

@@ -20,6 +20,7 @@ from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.config import Environment, RuntimeConfig
 from gradsched.runtime.device import Device, device_for
 from gradsched.runtime.planning.planner import initial_plan
+from gradsched.runtime.planning.prediction import ddp_buckets
 
 
 @dataclass
@@ -37,12 +38,18 @@ def open_data_plane(architecture: Architecture, names: Sequence[str], params: Se
     tensors = architecture.specs(names, params, topology, config, comm_hook)
     hold_bytes = architecture.hold_bytes(params, config)
     versions = PlanVersions(initial_plan(tensors, policy, architecture.link_model, message_hold(hold_bytes)))
+    layout = architecture.layout()
+    # over the gradients' homes (no layout of the architecture's own): laid out as DDP's buckets,
+    # so that the measured trial's buckets and the hand-off to DDP's reducer reduce in place
+    homes_plan = None if layout is not None else initial_plan(
+        tensors, ddp_buckets(tensors, sum(p.numel() * p.element_size() for p in params), config),
+        architecture.link_model, None)
     device = device_for(params, Environment.read(), config.timeout)
     try:
         transport = architecture.transport(topology, names, params, versions, config, device, comm_hook)
         exchange = Exchange(tensors, params, versions, transport, device, config.timeout, on_event,
-                            architecture.layout(), chunk_bytes=int(config.bucket_cap_mb * 2**20),
-                            hold_bytes=hold_bytes)
+                            layout, chunk_bytes=int(config.bucket_cap_mb * 2**20), hold_bytes=hold_bytes,
+                            homes_plan=homes_plan)
     except BaseException:
         device.close()
         raise

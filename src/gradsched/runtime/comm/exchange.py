@@ -62,6 +62,7 @@ class Exchange:
         layout: Callable[[Plan], Any] | None = None,
         chunk_bytes: int | None = None,
         hold_bytes: int | None = None,
+        homes_plan: Plan | None = None,
     ) -> None:
         self.board = board = Board(tensors, like, device)
         self.tensors = board.tensors
@@ -73,7 +74,7 @@ class Exchange:
         #: the most bytes this rank holds for gradients not yet reduced before a backward pass waits for
         #: the link (None: no bound; under sharding, where a layout reads each gradient once)
         self.hold_bytes = hold_bytes
-        self._layouts = Layouts(board.index, board.like, versions, layout, chunk_bytes)
+        self._layouts = Layouts(board.index, board.like, versions, layout, chunk_bytes, homes_plan)
         completion = completion_for(device, Environment.read().ordered_completion, timeout_s)
         self.launcher = Launcher(board, versions, self._layouts, transport, completion, self.estimator, on_event)
         self.launcher.start()

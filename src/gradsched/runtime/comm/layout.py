@@ -1,12 +1,13 @@
 """Where the gradients live: one flat buffer per dtype and device for the whole run, which
 the messages of every plan reduce in place where they can.
 
-Every gradient has a fixed *home* in it, a contiguous view, the gradients in the order the
-first plan made sends them (the order the backward pass gives them, near enough), whatever
-plans follow: one gradient buffer is alive at a time, also while two plans are in use (a
-re-plan, the measured trial's two arms), as DDP's buckets with ``gradient_as_bucket_view``.
-The buffer is cut, between the first plan's messages, into chunks of at least DDP's bucket
-size, each its own allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
+Every gradient has a fixed *home* in it, a contiguous view, the gradients in the order of
+DDP's buckets (the measured trial's other arm, and what the hand-off gives DDP's reducer: the
+order the backward pass gives them, near enough), whatever plans follow: one gradient buffer
+is alive at a time, also while two plans are in use (a re-plan, the measured trial's two
+arms), as DDP's buckets with ``gradient_as_bucket_view``; and every bucket is a range of it.
+The buffer is cut, between the buckets, into chunks of at least DDP's bucket size, each its
+own allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
 and never hold two copies of them.
 A message whose slices are consecutive in the buffer is a view of it and is reduced in place:
 no copy in at launch, no copy back. Others (a block that skipped ahead to fill its budget, a
@@ -103,10 +104,11 @@ class BufferLayout:
 class Layouts:
     """The layout of every plan a round may still follow, made when first asked for (by the
     training thread, for homes, or by the launcher) and dropped with the plan; the homes, laid
-    out by the first plan asked for, kept until :meth:`clear`."""
+    out by ``homes_plan`` (DDP's buckets; None: the first plan asked for), kept until :meth:`clear`."""
 
     def __init__(self, index: Mapping[str, int], like: Sequence[torch.Tensor], versions: PlanVersions,
-                 make: Callable[[Plan], Any] | None = None, chunk_bytes: int | None = None) -> None:
+                 make: Callable[[Plan], Any] | None = None, chunk_bytes: int | None = None,
+                 homes_plan: Plan | None = None) -> None:
         self.index = index
         self.like = like
         self.chunk_bytes = chunk_bytes
@@ -115,10 +117,11 @@ class Layouts:
         self._lock = threading.Lock()
         self._made: dict[int, BufferLayout] = {}  # plan version -> layout
         self._homes: GradientHomes | None = None  # laid out by the first plan, kept for the run
+        self.homes_plan = homes_plan  # the plan the homes are laid out by (None: the first asked for)
 
     def _over_homes(self, plan: Plan) -> BufferLayout:
         if self._homes is None:
-            self._homes = GradientHomes(plan, self.index, self.like, self.chunk_bytes)
+            self._homes = GradientHomes(self.homes_plan or plan, self.index, self.like, self.chunk_bytes)
         return BufferLayout(plan, self.index, self._homes)
 
     def of(self, adopted: Adopted) -> BufferLayout:

@@ -20,6 +20,14 @@ from gradsched.runtime.planning.profiling import RoundTiming, measured_table
 from gradsched.sim.predict import predict, ring_cluster
 
 
+def ddp_buckets(tensors: Sequence[TensorSpec], param_bytes: int, config: RuntimeConfig) -> FifoConfig:
+    """The buckets of ``bucket_cap_mb`` that DDP (with a compression hook, if compressed) would
+    send, as a plan over ``tensors`` (wire bytes) counts them; ``param_bytes``: the gradients'
+    bytes in the parameters' own dtype."""
+    wire_ratio = sum(t.nbytes for t in tensors) / param_bytes
+    return FifoConfig.ddp_buckets(int(config.bucket_cap_mb * (1 << 20)), wire_ratio)
+
+
 class TrialPredictor:
     def __init__(self, tensors: Sequence[TensorSpec], sizes: Mapping[str, tuple[int, int]],
                  owners: Mapping[str, list[str]], policy: PolicyConfig, config: RuntimeConfig,
@@ -31,10 +39,8 @@ class TrialPredictor:
         self.architecture = architecture
 
     def buckets(self) -> FifoConfig:
-        """The DDP-style buckets the fallback measures, of ``bucket_cap_mb``: the very buckets
-        DDP (with a compression hook, if compressed) would send."""
-        wire_ratio = sum(t.nbytes for t in self.tensors) / sum(n * size for n, size in self.sizes.values())
-        return FifoConfig.ddp_buckets(int(self.config.bucket_cap_mb * (1 << 20)), wire_ratio)
+        """The DDP-style buckets the fallback measures (:func:`ddp_buckets`)."""
+        return ddp_buckets(self.tensors, sum(n * size for n, size in self.sizes.values()), self.config)
 
     def prediction(self, timings: list[RoundTiming], link: tuple, probed: MeasuredLink | None) -> Prediction | None:
         """The simulator's view of the measured trial, on the probed link (or the estimate)."""

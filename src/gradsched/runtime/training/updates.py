@@ -51,6 +51,7 @@ class DeferredUpdates:
         self.run_on: dict[int, torch.Tensor] | None = None  # sharded: id(parameter) -> the tensor stepped instead
         self._where_key: tuple = ()
         self._where_map: dict[int, tuple[int, int, torch.Tensor]] = {}
+        self._pair_bound: list[int] = []  # per group: the most temporaries its full step holds (see pair_bytes)
 
     def pending(self, i: int) -> bool:
         return i in self.update or i in self.zero
@@ -133,15 +134,17 @@ class DeferredUpdates:
             self._where_key = key
             self._where_map = {id(p): (g, k, p) for g, group in enumerate(groups)
                                for k, p in enumerate(group["params"])}
+            self._pair_bound = [max(map(pair_bytes, [None, *group["params"]], group["params"]), default=0)
+                                for group in groups]
         return self._where_map
 
     def step_only(self, chosen: set[int], snapshot: Snapshot) -> None:
         """Run the optimizer's step on the parameters whose ``id`` is in ``chosen``, with
-        ``snapshot``'s hyper-parameters: one ``step()`` per run of them consecutive in their
-        group (the runs of every group together), so that no temporary of a step outlives
-        its parameter into the next one's that the full step would not see beside it (torch's
-        per-tensor loops keep the last tensor's temporaries while the next is computed: two
-        weights in a row, where the full step has a bias between, hold a layer more)."""
+        ``snapshot``'s hyper-parameters: one ``step()`` per run of them (the runs of every group
+        together), cut where two of them are not neighbours in their group and would hold more
+        temporaries side by side than any two neighbours in the group's full step (torch's
+        per-tensor loops keep the last tensor's temporaries while the next one's are computed:
+        two weights in a row, where the full step has a bias between, held a layer more)."""
         if not chosen:
             return
         started = time.perf_counter()
@@ -151,7 +154,8 @@ class DeferredUpdates:
             place = where.get(pid)
             if place is not None:
                 members.setdefault(place[0], []).append(place[1:])
-        runs = {g: consecutive_runs(sorted(chosen_here, key=lambda m: m[0])) for g, chosen_here in members.items()}
+        runs = {g: runs_within(sorted(chosen_here, key=lambda m: m[0]), self._pair_bound[g])
+                for g, chosen_here in members.items()}
         for j in range(max(map(len, runs.values()), default=0)):
             self._step_with({g: [p for _, p in group_runs[j]] for g, group_runs in runs.items()
                              if j < len(group_runs)}, snapshot)
@@ -188,18 +192,27 @@ class DeferredUpdates:
                     setattr(self.optimizer, name, value)
 
 
-def consecutive_runs(placed: Sequence[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
-    """``placed`` ((position, item), by position) cut where a position is skipped.
+def pair_bytes(before: torch.Tensor | None, p: torch.Tensor) -> int:
+    """What a per-tensor optimizer loop holds of temporaries while it updates ``p`` right after
+    ``before``: ``before``'s last one, still bound, and two of ``p``'s (AdamW's ``sqrt`` and
+    its division)."""
+    return (0 if before is None else before.nbytes) + 2 * p.nbytes
 
-    >>> consecutive_runs([(0, "a"), (1, "b"), (3, "c"), (4, "d"), (7, "e")])
-    [[(0, 'a'), (1, 'b')], [(3, 'c'), (4, 'd')], [(7, 'e')]]
+
+def runs_within(placed: Sequence[tuple[int, torch.Tensor]], bound: int) -> list[list[tuple[int, torch.Tensor]]]:
+    """``placed`` ((position in the group, parameter), by position) cut between two that are not
+    neighbours in the group and whose :func:`pair_bytes` exceeds ``bound``.
+
+    >>> w, b = torch.zeros(100), torch.zeros(10)
+    >>> [[k for k, _ in run] for run in runs_within([(0, w), (2, w), (3, b), (5, b), (6, w)], 40 + 2 * 400)]
+    [[0], [2, 3, 5, 6]]
     """
-    runs: list[list[tuple[int, Any]]] = []
-    for position, item in placed:
-        if runs and runs[-1][-1][0] == position - 1:
-            runs[-1].append((position, item))
+    runs: list[list[tuple[int, torch.Tensor]]] = []
+    for position, p in placed:
+        if runs and (runs[-1][-1][0] == position - 1 or pair_bytes(runs[-1][-1][1], p) <= bound):
+            runs[-1].append((position, p))
         else:
-            runs.append([(position, item)])
+            runs.append([(position, p)])
     return runs
 
 
