@@ -17,6 +17,8 @@ must hold at least, in words and in P (parameters, gradients, buckets, optimizer
 its budgets allow), how far its allocated peak is above that (what every arm holds besides:
 the optimizer's temporaries, the gradient autograd is computing, the inputs and the process
 group's own buffers), and the largest difference of its parameters from DDP's after the run.
+The arm ``alone`` trains the model in one process on both ranks' batches (the gradients DDP
+averages): what torch itself holds above the model's tensors, with no data parallelism.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ LAYER = 1 / LAYERS  # one layer's parameters (or gradients), in P
 #: arm -> (what it must hold at least, as words; the same in P)
 ARMS = {
     "ddp": ("params 1 + grads 1 + buckets 1 + AdamW 2", 5),
+    "alone": ("params 1 + grads 1 + AdamW 2 (one process, both ranks' batches: no data parallelism)", 4),
     "ddp-view": ("params 1 + grads 1 + AdamW 2", 4),
     "ddp-zero": ("params 1 + grads 1 + buckets 1 + AdamW 1", 4),
     "fsdp2": ("params 1/2 + grads 1/2 + AdamW 1 + one layer gathered", 2 + LAYER),
@@ -70,7 +73,13 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
     heap.start()
     model = _model()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    if arm.startswith("ddp"):
+    generator = torch.Generator().manual_seed(1 + rank)
+    batches = lambda: torch.randn(BATCH, WIDTH, generator=generator)  # noqa: E731
+    if arm == "alone":  # the same gradients as DDP's average: the mean loss over both ranks' batches
+        generators = [torch.Generator().manual_seed(1 + r) for r in range(WORLD)]
+        batches = lambda: torch.cat([torch.randn(BATCH, WIDTH, generator=g) for g in generators])  # noqa: E731
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    elif arm.startswith("ddp"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model, gradient_as_bucket_view=arm == "ddp-view")
@@ -95,9 +104,8 @@ def _rank(rank: int, arm: str, port: int, out: str) -> None:
         lean = dict(gradient_budget_mb=LAYER_MB) if variant == "lean" else {}
         model, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-4), policy=policy,
                                           architecture=architecture or "allreduce", **lean)
-    generator = torch.Generator().manual_seed(1 + rank)
-    for _ in range(STEPS):
-        x = torch.randn(BATCH, WIDTH, generator=generator)
+    for _ in range(STEPS if arm != "alone" or rank == 0 else 0):
+        x = batches()
         optimizer.zero_grad()
         model(x).square().mean().backward()
         optimizer.step()

@@ -53,3 +53,48 @@ def test_without_compression_the_shards_are_the_parameters_memory():
     s = shards(2)
     assert s.tensors[0].data_ptr() == s.params[0][6:].data_ptr() and s.tensors[0].numel() == 1
     assert s.tensors[1].tolist() == [102.5]
+
+
+def message(*slices: tuple[str, int, int]):
+    from gradsched.core.plan import PlannedMessage
+
+    return PlannedMessage(tuple(slices), 0, None, None, 0.0, 0.0)
+
+
+def test_a_message_of_one_whole_unpadded_parameter_travels_in_its_gradients_own_memory():
+    """No copy where the rank-major buffer would be the gradient itself (a weight alone in a
+    message: fifo's large ones); a padded one, or two tensors, are packed."""
+    params = [torch.zeros(8), torch.zeros(7)]
+    s = Shards(["even", "odd"], params, rank=0, world=2)
+    even, odd = torch.arange(8.0), torch.arange(7.0)
+    assert s.pack([("even", 0, 4)], [even]).data_ptr() == even.data_ptr()
+    assert s.pack([("even", 0, 2)], [even]).data_ptr() != even.data_ptr()  # a part: rank-major is another order
+    padded = s.pack([("odd", 0, 4)], [odd])
+    assert padded.data_ptr() != odd.data_ptr() and padded.tolist() == [0, 1, 2, 3, 4, 5, 6, 0]
+
+
+def test_consecutive_slices_of_a_tensor_travel_as_one_piece_received_straight_into_the_shard_buffer():
+    """A partitioned tensor's consecutive pieces in one message (prophet's blocks, bytescheduler's
+    partitions) join into one slice: packed as before, and on gloo (a Pairwise set), uncompressed,
+    this rank's result is received into its place in the shard's gradient buffer (nothing to
+    copy back); several tensors in a message, or compression, copy back as before."""
+    from gradsched.runtime.architectures.sharded.shards import ShardedLayout
+
+    params = [torch.zeros(8), torch.zeros(4)]
+    s = Shards(["a", "b"], params, rank=1, world=2)
+    grads = [torch.arange(8.0), torch.arange(4.0) + 10]
+    layout = ShardedLayout(s)
+    joined = message(("a", 0, 2), ("a", 2, 2))
+    buffers, results, targets = layout.pack(0, joined, [grads[0], grads[0]])
+    assert buffers[0].data_ptr() == grads[0].data_ptr()  # the two pieces are the whole of a
+    # no Pairwise (NCCL's reduce_scatter): the result lands in this rank's part, one view takes it
+    assert [t.numel() for t in targets[0]] == [4] and s.into == {} and results[0].tolist() == [4.0, 5.0, 6.0, 7.0]
+
+    s.pairwise = object()  # what Sharded.transport sets on gloo (only its presence is read here)
+    buffers, _, targets = layout.pack(1, message(("a", 0, 1), ("a", 1, 1)), [grads[0], grads[0]])
+    assert buffers[0].tolist() == [0.0, 1.0, 4.0, 5.0] and targets == [[]]
+    into = s.into.pop(id(buffers[0]))
+    assert into.data_ptr() == s.grad_buffer(0).data_ptr() and into.numel() == 2
+
+    _, _, targets = layout.pack(2, message(("a", 2, 2), ("b", 0, 2)), grads)
+    assert len(targets[0]) == 2 and s.into == {}  # two tensors: received into a buffer, copied back

@@ -38,21 +38,29 @@ class Pairwise:
         self._issued += count
         return first % (1 << 30)
 
-    def reduce_scatter(self, buffer: torch.Tensor) -> torch.futures.Future:
-        """This rank's part of ``buffer`` (n equal parts) summed over the ranks, in place: its own
-        first, then the others' in rank order (one fixed order: only this rank sums this part)."""
+    def reduce_scatter(self, buffer: torch.Tensor, into: torch.Tensor | None = None) -> torch.futures.Future:
+        """This rank's part of ``buffer`` (n equal parts) summed over the ranks: its own first,
+        then the others' in rank order (one fixed order: only this rank sums this part). In
+        ``buffer``'s own part, or, given ``into`` (as large as a part), there: the first other
+        rank's part is received straight into it and this rank's added (the same sum to the bit:
+        the first addition commutes), which saves that receive buffer and the copy back."""
         n, r, tag = self.size, self.rank, self._tag()
         total = buffer.numel() // n
         parts = [buffer[j * total:(j + 1) * total] for j in range(n)]
-        received = {j: buffer.new_empty(total) for j in range(n) if j != r}
+        others = [j for j in range(n) if j != r]
+        received = {j: buffer.new_empty(total) if into is None or k else into for k, j in enumerate(others)}
         works = [dist.isend(parts[j], group_dst=j, group=self.group, tag=tag) for j in received]
         works += [dist.irecv(received[j], group_src=j, group=self.group, tag=tag) for j in received]
 
         def summed(done: torch.futures.Future) -> list[torch.Tensor]:
             done.value()  # raises if an operation failed
-            for j in sorted(received):
-                parts[r].add_(received[j])
-            return [parts[r]]
+            if into is None:
+                total, rest = parts[r], others
+            else:  # the first other rank's part is in it already (alone: nothing)
+                total, rest = (into.add_(parts[r]), others[1:]) if others else (into.copy_(parts[r]), [])
+            for j in rest:
+                total.add_(received[j])
+            return [total]
 
         return self.waiter.track(works).then(summed)
 

@@ -83,7 +83,8 @@ class Sharded(Architecture):
 
         self.shards.pairwise = pairwise_for(topology.data)  # its all-gathers travel the way its reduce-scatters do
         self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
-        return compressed(Issued(ReduceScatter(topology.data, self.shards.pairwise), device, topology.data), config)
+        reduce_scatter = ReduceScatter(topology.data, self.shards.pairwise, self.shards.into)
+        return compressed(Issued(reduce_scatter, device, topology.data), config)
 
     def hold_bytes(self, params: Sequence[torch.Tensor], config: RuntimeConfig) -> int | None:
         """``gradient_budget_mb`` in bytes (default: twice the largest gradient, one in flight while

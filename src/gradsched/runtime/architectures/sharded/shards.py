@@ -18,7 +18,8 @@ size. A message then travels as one buffer per dtype in *rank-major* order (rank
 its slices, then rank 1's, ...), which is what ``reduce_scatter_tensor`` and
 ``all_gather_into_tensor`` split and join:
 
-* backward: :class:`ShardedLayout` packs the gradients of a message (a copy), the
+* backward: :class:`ShardedLayout` packs the gradients of a message (a copy; a message of one
+  whole parameter, unpadded, is its gradient's own memory), the
   :class:`ReduceScatter` transport divides it by ``n`` and reduce-scatters it in place, and
   this rank's part, the average of its shard, is copied into the shard's gradient buffer
   (:meth:`Shards.grad_buffer`, allocated for the round and handed to ``.grad`` once reduced:
@@ -107,6 +108,10 @@ class Shards:
             self.tensors.append(view.clone() if self.separate else view)
         self.of_param = {id(p): i for i, p in enumerate(self.params)}
         self.pairwise: Pairwise | None = None  # gloo: the phases as point-to-point operations (set by the plane)
+        #: a packed buffer (its id) whose reduce-scatter writes this rank's result straight into
+        #: the shard's gradient buffer (gloo, uncompressed, one slice per dtype): the view it
+        #: writes, until the transport takes it (see ShardedLayout.pack)
+        self.into: dict[int, torch.Tensor] = {}
         self.mesh: Any = None  # the DeviceMesh of the gradients' DTensors (its own group: see grad_of)
         self._lock = threading.Lock()  # gathers land on completion threads: a write and its record together
         self._written = [torch_private.version(p) for p in self.params]  # each parameter as the gathers left it
@@ -208,7 +213,13 @@ class Shards:
         return _padded(flat, *self._span(i, r, first, count), count)
 
     def pack(self, slices: Sequence[Slice], flats: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Rank-major: every rank's part of every slice of ``flats`` (one flat tensor per slice)."""
+        """Rank-major: every rank's part of every slice of ``flats`` (one flat tensor per slice).
+        One whole parameter that needs no padding is rank-major already: its flat tensor itself,
+        no copy (the caller's to reduce in place)."""
+        if len(slices) == 1:
+            (name, first, count), flat = slices[0], flats[0]
+            if first == 0 and count == self.size[self.index[name]] and flat.numel() == count * self.world:
+                return flat
         parts = [part for r in range(self.world) for (name, first, count), flat in zip(slices, flats)
                  for part in self._part(flat, self.index[name], r, first, count)]
         return torch.cat(parts)
@@ -297,9 +308,25 @@ class Shards:
         return device.issue(group, lambda: pairwise.exchange(mine, theirs))
 
 
+def _coalesced(slices: Sequence[Slice], members: Sequence[int]) -> tuple[list[Slice], list[int]]:
+    """``slices[k]`` for ``k`` in ``members``, each run of consecutive slices of one tensor
+    joined into one (rank-major, a run's parts lie in the same order either way: a partitioned
+    tensor's pieces in one message travel as one piece), and a member of each (its gradient)."""
+    joined: list[list] = []  # [name, first, count, member]
+    for k in members:
+        name, first, count = slices[k]
+        if joined and joined[-1][0] == name and joined[-1][1] + joined[-1][2] == first:
+            joined[-1][2] += count
+        else:
+            joined.append([name, first, count, k])
+    return [(name, first, count) for name, first, count, _ in joined], [k for *_, k in joined]
+
+
 class ShardedLayout:
-    """Where a message's gradients travel from under sharding: packed rank-major (a copy), per
-    dtype; nothing is fused in place, gradients stay where autograd put them."""
+    """Where a message's gradients travel from under sharding: packed rank-major, per dtype (a
+    copy; a message of one whole parameter that needs no padding travels in its gradient's own
+    memory, which the exchange alone holds: ``.grad`` is a mark meanwhile); nothing is fused in
+    place, gradients stay where autograd put them."""
 
     #: a message's gradients are read by its pack alone (its results go to the shards' buffers):
     #: on the host the launcher lets go of each once every message carrying it is packed
@@ -316,13 +343,18 @@ class ShardedLayout:
         for k, (name, _, _) in enumerate(message.slices):
             by_dtype.setdefault(grads[k].dtype, []).append(k)
         buffers, results, targets = [], [], []
+        direct = shards.pairwise is not None and shards.wire is None  # where the transport reads shards.into
         for members in by_dtype.values():
-            slices = [message.slices[k] for k in members]
+            slices, members = _coalesced(message.slices, members)
             buffer = shards.pack(slices, [grads[k].view(-1) for k in members])
             total = buffer.numel() // shards.world
             buffers.append(buffer)
             results.append(buffer[shards.rank * total:(shards.rank + 1) * total])
-            targets.append(shards.grad_views(slices))
+            views = shards.grad_views(slices)
+            if direct and len(views) == 1:  # received straight into its place: nothing to copy back
+                shards.into[id(buffer)] = views[0]
+                views = []
+            targets.append(views)
         return buffers, results, targets
 
 
@@ -330,11 +362,14 @@ class ReduceScatter(BaseTransport):
     """Each buffer (rank-major, see :class:`ShardedLayout`) divided by the ranks and
     reduce-scattered in place: this rank's part of it then holds the average of its shard."""
 
-    def __init__(self, group: dist.ProcessGroup, pairwise: Pairwise | None) -> None:
+    def __init__(self, group: dist.ProcessGroup, pairwise: Pairwise | None,
+                 into: dict[int, torch.Tensor] | None = None) -> None:
+        """``into``: where a buffer's result goes instead of its own part (``Shards.into``: gloo)."""
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.pairwise = pairwise
+        self.into = {} if into is None else into
 
     def divide(self, buffers: Sequence[torch.Tensor]) -> None:
         for buffer in buffers:
@@ -348,7 +383,7 @@ class ReduceScatter(BaseTransport):
     def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
              on_sent: Callable[[], None] | None = None) -> Reduced:
         if self.pairwise is not None:
-            return [self.pairwise.reduce_scatter(buffer) for buffer in buffers]
+            return [self.pairwise.reduce_scatter(buffer, self.into.pop(id(buffer), None)) for buffer in buffers]
         return [dist.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group,
                                            async_op=True).get_future() for buffer in buffers]
 
