@@ -324,3 +324,26 @@ def test_the_wrap_time_check_of_equal_parameters_holds_a_chunk_not_copies_of_a_p
         sums = value_sums(p)
     assert live.peak <= 3 * (1 << 20) * 8, live.peak / p.nbytes  # a chunk of doubles, its square, its sums
     assert sums == pytest.approx((float(p.double().sum()), float(p.double().square().sum())), rel=1e-12)
+
+
+def test_the_model_broadcast_at_the_end_of_join_copies_a_chunk_at_a_time(world_of_one, monkeypatch):
+    """join()'s end copies rank 0's parameters to every rank: it flattened every parameter of a
+    dtype into one tensor (a copy of the model, 1 P, beside it); now runs of at most the chunk,
+    a parameter larger than it broadcast in its own memory, with the same values landing."""
+    import torch.distributed as dist
+    from helpers import LiveTemporaries
+
+    from gradsched.runtime.comm import broadcast
+    from gradsched.runtime.comm.broadcast import broadcast_model, runs
+
+    monkeypatch.setattr(broadcast, "CHUNK_BYTES", 1 << 20)  # the weights (4 and 8 MB) are larger
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 8), nn.Linear(8, 8), nn.Linear(1024, 1024).double())
+    before = [p.detach().clone() for p in model.parameters()]
+    with LiveTemporaries() as live:
+        broadcast_model(model, True, 0, dist.group.WORLD)
+    assert live.peak <= 40 * 1024 * 8, live.peak  # the small layers' run, not a copy of any weight
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    sizes = [[t.numel() for t in run] for run in runs([torch.empty(n) for n in (3, 5, 9, 2, 0, 1)], 40)]
+    assert sizes == [[3, 5], [9], [2, 0, 1]]  # 4-byte elements: at most 40 bytes a run, a larger one alone
