@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,7 +213,12 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
     and an uneven epoch under join() after the hand-off included, through both APIs; the
     user's module keeps its class."""
     out = tmp_path / "out.json"
-    check_ranks(run_ranks("handoff", 2, str(out), timeout=240))
+    results = run_ranks("handoff", 2, str(out), timeout=240)
+    check_ranks(results)
+    # the choice is said though the plan stays (the buckets were the last arm measured), on rank 0 once per API
+    said = re.findall(r"measured trial: priority [\d.]+ ms, DDP-style buckets [\d.]+ ms per iteration: keeping the "
+                      r"buckets, by measurement \(pairs, priority/buckets ms: [\d./, ]+\)", results[0].stderr)
+    assert len(said) == 2 and "measured trial" not in results[1].stderr, results[0].stderr[-3000:]
     ranks = load(out)
     for rank, report in enumerate(ranks):
         for api, result in report.items():

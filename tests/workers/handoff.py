@@ -13,6 +13,7 @@ as views of its buckets.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import torch
@@ -24,6 +25,7 @@ import gradsched
 from workers.launch import finish_with_report
 from workers.train_compare import SMALL, Net, against, batches, seeded_reference
 
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")  # the trial's choice
 STEPS = 24
 ACCUMULATE = (18, 19)  # these steps add a no_sync() micro-batch before the one that communicates
 CLIPPED = (20, 21)  # these clip by global norm (long after the hand-off): gradsched's clipping against torch's

@@ -19,7 +19,11 @@ twice (its arm and the confirming one) beat them by ``gain`` on that mean, and t
 buckets unless the kept options beat them by as much. The policy and the buckets run in
 interleaved pairs (``pairs``), and a pair counts only where the difference is larger than
 its noise; where no side wins in every pair, the simulator's prediction decides
-(:meth:`ArmsExperiment.decide`), so noise on a loaded host cannot flip a clear gain.
+(:meth:`ArmsExperiment.decide`), so noise on a loaded host cannot flip a clear gain, except
+that a policy every pair measured slower than the threshold by more than
+:data:`SLOWER_MARGIN` is never kept, however noisy the pairs: the prediction assumes what the
+measurement contradicts (on a host where compute and communication share the cores, that
+they overlap for free).
 
 Rank 0 runs the experiment with an ask/tell loop; it holds no clock, no thread and no
 torch, so exact sequences of measured times can be checked without processes:
@@ -44,6 +48,11 @@ import enum
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
+
+
+#: how far above the threshold (``1 - gain``) every pair's ratio of the policy's time to the
+#: buckets' must be for the buckets to be kept whatever the noise says
+SLOWER_MARGIN = 0.05
 
 
 class ArmKind(enum.Enum):
@@ -84,7 +93,8 @@ class TrialReport:
     fifo_s: float
     use_fifo: bool
     pairs: tuple[tuple[float, float], ...] = ()  # (policy, buckets) of each interleaved pair of arms
-    by: str = "measured"  # what decided: "measured"; "prior", the simulator's prediction, where every
+    by: str = "measured"  # what decided: "measured"; "slower", every pair slower than the threshold by
+    #   more than SLOWER_MARGIN, inside its noise or not; "prior", the simulator's prediction, where every
     #   pair was inside the noise or the pairs disagreed; "mean" of the pairs there, without a prediction
 
 
@@ -250,9 +260,10 @@ class ArmsExperiment:
         right after it, so a drift of the host's speed falls on both sides of a pair. A pair
         speaks only where its ratio is farther from the threshold (``1 - gain``) than its
         noise (the standard error of the ratio of the two medians); the policy is kept if every
-        pair says it is faster by the gain, the buckets if every pair says it is not. Otherwise
-        the measurement cannot tell, and the simulator's prediction decides (the mean of the
-        pairs without one). Options a tuner found are compared by the means of their arms."""
+        pair says it is faster by the gain, the buckets if every pair says it is not, or if
+        every pair measured it slower than the threshold by more than :data:`SLOWER_MARGIN`.
+        Otherwise the measurement cannot tell, and the simulator's prediction decides (the
+        mean of the pairs without one). Options a tuner found are compared by the means of their arms."""
         buckets = [s for s in self.scores if s.kind == ArmKind.BUCKETS and s.seconds is not None]
         if not buckets:
             return None
@@ -270,6 +281,8 @@ class ArmsExperiment:
             return TrialReport(policy_s, fifo_s, False, seconds)
         if all(ratio - noise > threshold for ratio, noise in ratios):
             return TrialReport(policy_s, fifo_s, True, seconds)
+        if all(ratio > threshold + SLOWER_MARGIN for ratio, _ in ratios):
+            return TrialReport(policy_s, fifo_s, True, seconds, by="slower")
         if prior is not None:
             return TrialReport(policy_s, fifo_s, not prior, seconds, by="prior")
         mean = statistics.fmean(ratio for ratio, _ in ratios)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage, TrialReport, TuningReport
-from gradsched.control.arms import arm_kinds
+from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
 from gradsched.core.base import PolicyConfig
 from gradsched.core.estimator import MeasuredLink
 from gradsched.core.plan import Plan
@@ -170,29 +170,37 @@ class Planner:
         if proposal.trial is not None and proposal.trial.use_fifo and self.on_buckets_kept:
             self.on_buckets_kept()
         self.tuning = proposal.tuning or self.tuning
+        previous = self.switches[-1][1] if self.switches else None
         if proposal.plan is not None:
-            previous = self.switches[-1][1] if self.switches else None
             self.exchange.set_plan(proposal.plan, first_round)
             self.switches.append((first_round, proposal.plan.policy))
-            if self.rank == 0:  # every rank adopts the same: said once
-                self._say(proposal, first_round, previous)
+        if self.rank == 0:  # every rank adopts the same: said once
+            self._say(proposal, first_round, previous)
 
     def _say(self, proposal: Proposal, first_round: int, previous: str | None) -> None:
-        """What was decided, on the ``gradsched`` logger: decisions and changes of policy at
-        INFO, routine re-plans at DEBUG."""
+        """What was decided, on the ``gradsched`` logger: the trial's choice and what online
+        tuning kept at INFO every time (also where the plan stays as it was: the buckets kept
+        as the last arm measured), changes of policy at INFO, routine re-plans at DEBUG."""
         plan = proposal.plan
         if proposal.trial is not None:
             trial = proposal.trial
-            logger.info("gradsched: measured trial: %s %.2f ms, DDP-style buckets %.2f ms per iteration: %s%s",
+            pairs = ", ".join(f"{p * 1e3:.1f}/{b * 1e3:.1f}" for p, b in trial.pairs)
+            logger.info("gradsched: measured trial: %s %.2f ms, DDP-style buckets %.2f ms per iteration: %s, %s%s",
                         self.policy.name, trial.policy_s * 1e3, trial.fifo_s * 1e3,
                         "keeping the buckets" if trial.use_fifo else f"keeping {self.policy.name}",
-                        {"prior": " (inside the noise: as the simulator predicts)",
-                         "mean": " (inside the noise: by the mean)"}.get(trial.by, ""))
+                        {"measured": "by measurement",
+                         "slower": f"by measurement (every pair slower by more than {SLOWER_MARGIN:.0%} past "
+                                   "the threshold, inside its noise or not)",
+                         "prior": "inside the noise: as the simulator predicts",
+                         "mean": "inside the noise: by the mean of the pairs"}[trial.by],
+                        f" (pairs, {self.policy.name}/buckets ms: {pairs})" if pairs else "")
         if proposal.tuning is not None:
             tuning = proposal.tuning
             default = f"{tuning.default_s * 1e3:.2f} ms" if tuning.default_s is not None else "not measured"
             logger.info("gradsched: online tuning kept %s (%.2f ms per iteration; the starting options: %s)",
                         tuning.best_options, tuning.best_s * 1e3, default)
+        if plan is None:
+            return
         level = logging.INFO if plan.policy != previous else logging.DEBUG
         logger.log(level, "gradsched: from backward pass %d on: a %s plan of %d messages",
                    first_round, plan.policy, len(plan.messages))
