@@ -217,3 +217,61 @@ def test_within_the_margin_the_prediction_still_decides():
     times = [[t * 0.7, t, t * 1.3] for t in (1.02, 1.0, 1.025, 1.0)]
     _, decision = paired(times, prior=True)
     assert not decision.trial.use_fifo and decision.trial.by == "prior"
+
+
+def extended(times: list[list[float]], extra: int, prior: bool | None = True):
+    """Pairs told ``times``, measuring more pairs (from ``times`` too) while the experiment asks
+    for them; the arms asked, how many pairs were added, and the decision."""
+    experiment = ArmsExperiment(arm_kinds(fallback=True, pairs=2), {}, 0.02, extra_pairs=extra)
+    asked, added, told = [], 0, iter(times)
+    while True:
+        while not experiment.done:
+            arm = experiment.ask()
+            asked.append(arm)
+            experiment.tell(arm, next(told), plan=arm.plan or f"plan {len(asked) - 1}")
+        if not experiment.more():
+            return asked, added, experiment.decide(prior)
+        added += 1
+
+
+def noisy(*ratios: float, spread: float = 0.03) -> list[list[float]]:
+    """(policy, buckets) pairs of these ratios, each arm's three rounds ``spread`` apart (3%:
+    a ratio's noise is 0.045 of it, so a pair within that of the 0.98 threshold does not speak)."""
+    return [[t * (1 - spread), t, t * (1 + spread)] for r in ratios for t in (r, 1.0)]
+
+
+def test_where_the_pairs_cannot_tell_more_pairs_are_measured_and_their_pooled_mean_decides():
+    """Each pair 5-6% faster but inside its noise: the prediction would decide; one extra pair
+    later the three pairs' pooled mean is beyond its noise and the measurement decides (the
+    second extra pair is not needed), against a prediction that says otherwise."""
+    asked, added, decision = extended(noisy(0.94, 0.95, 0.94, 0.95), extra=2, prior=False)
+    assert added == 1 and [a.kind for a in asked] == [ArmKind.POLICY, ArmKind.BUCKETS] * 3
+    assert [a.plan for a in asked[4:]] == ["plan 0", "plan 1"]  # the plans the first arms ran
+    assert decision.options == {} and (decision.trial.use_fifo, decision.trial.by) == (False, "pooled")
+    assert len(decision.trial.pairs) == 3
+
+
+def test_a_policy_slower_on_a_loaded_host_is_not_kept_by_the_prediction():
+    """A CPU model or a busy neighbour: the policy 2-2.5% slower than the buckets in every
+    pair (within the margin), each pair inside its noise, and the simulator predicting the
+    policy faster (it assumes communication overlaps computation for free). More pairs, and
+    their pooled mean keeps the buckets; without extra pairs the prediction kept the policy."""
+    times = noisy(1.02, 1.025, 1.02, 1.025)
+    _, added, decision = extended(times, extra=2, prior=True)
+    assert added == 1 and decision.options is None
+    assert (decision.trial.use_fifo, decision.trial.by) == (True, "pooled")
+    _, added, decision = extended(times[:4], extra=0, prior=True)
+    assert added == 0 and (decision.trial.use_fifo, decision.trial.by) == (False, "prior")
+
+
+def test_the_extra_pairs_are_a_budget_then_the_prediction_decides():
+    """Pairs that disagree (15% faster, 12% slower) stay unclear however many of them: two
+    extra pairs, no more, then the prediction."""
+    _, added, decision = extended(noisy(0.85, 1.12, 0.85, 1.12, 0.85, 1.12), extra=2, prior=False)
+    assert added == 2 and (decision.trial.use_fifo, decision.trial.by) == (True, "prior")
+
+
+def test_no_extra_pair_where_the_first_pairs_decide():
+    for times, by in (([[0.9], [1.0]] * 2, "measured"), (noisy(1.2, 1.3, spread=0.3), "slower")):
+        _, added, decision = extended(times, extra=2)
+        assert added == 0 and decision.trial.by == by

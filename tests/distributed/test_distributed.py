@@ -58,7 +58,7 @@ def test_falls_back_to_ddp_buckets_where_scheduling_cannot_help(tmp_path):
         result = rank["priority/adam"]
         trial = result["trial"]
         assert trial["use_fifo"] and trial["policy_s"] > trial["fifo_s"] * 0.98, trial
-        assert len(trial["pairs"]) == 2 and trial["by"] in ("measured", "prior", "mean"), trial  # interleaved
+        assert len(trial["pairs"]) == 2 and trial["by"] in ("measured", "slower"), trial  # interleaved, told apart
         assert result["plan_policy"] == "fifo"
         assert result["prediction"]["policy_s"] > 0 and result["prediction"]["fifo_s"] > 0
         assert result["max_abs_diff"] <= TOLERANCE
@@ -231,3 +231,27 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
             assert result["checksum"] == ranks[0][api]["checksum"]
             # one gradient buffer: the gradients are views of DDP's buckets (fewer storages than gradients)
             assert result["grad_storages"] < result["grads"], (api, result)
+
+
+@pytest.mark.parametrize("slower_ms", [-15, 60])
+def test_the_trial_measures_more_pairs_where_they_cannot_tell_and_never_keeps_a_slower_policy(tmp_path, slower_ms):
+    """Pairs that cannot tell (each arm's rounds spread as far as its median moves,
+    workers/trial_more.py): with the policy a few per cent faster, every rank measures the two extra pairs,
+    its schedule growing by four arms at the same step, and the prediction decides after them;
+    with the policy 60 ms slower a round (1.3x its median), the buckets are kept after the first two
+    pairs by the margin rule, not by the prediction. Parameters equal DDP's in both."""
+    out = tmp_path / "out.json"
+    results = run_ranks("trial_more", 2, str(out), str(slower_ms), timeout=180)
+    check_ranks(results)
+    ranks = load(out)
+    for report in ranks:
+        assert report["trial"] == ranks[0]["trial"] and report["settled_round"] == ranks[0]["settled_round"]
+        assert report["max_abs_diff"] <= TOLERANCE and report["moved"] > 1e-3, report
+    trial = ranks[0]["trial"]
+    if slower_ms > 0:
+        assert trial["use_fifo"] and trial["by"] == "slower" and len(trial["pairs"]) == 2, trial
+        assert ranks[0]["settled_round"] == 3 + 4 * 5 + 1 and ranks[0]["plan_policy"] == "fifo"
+    else:
+        assert trial["by"] in ("prior", "mean") and len(trial["pairs"]) == 4, trial
+        assert ranks[0]["settled_round"] == 3 + 8 * 5 + 1
+        assert results[0].stderr.count("cannot tell prophet from DDP-style buckets; measuring 1 pair(s) more") == 2

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradsched
 from workers.launch import finish_with_report
 
-STEPS = 30
+STEPS = 50  # profiling (3 rounds), the trial's two pairs of 5-round arms, and room for its two extra pairs
 
 
 def fresh():

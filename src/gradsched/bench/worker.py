@@ -126,11 +126,15 @@ class _Rank:
         self.phases = len(config.runs) + (3 if self.servers else 2)  # the runs, then the baselines
         self.cpu: dict[str, float | None] = {}  # phase -> the host's CPU busy fraction over its timed steps
 
-    def _timed(self, phase: str, step, iters: int, warmup: int, group=None) -> list[float]:
-        """Seconds of each of ``iters`` steps after ``warmup`` untimed ones, noting how busy
-        the host's CPUs were over the timed steps (by phase: a policy, or a baseline)."""
-        for _ in range(warmup):
+    def _timed(self, phase: str, step, iters: int, warmup, group=None) -> list[float]:
+        """Seconds of each of ``iters`` steps after ``warmup`` untimed ones (a number, or a
+        function asked after every step: a measured trial that measures more pairs grows it,
+        alike on every rank), noting how busy the host's CPUs were over the timed steps (by
+        phase: a policy, or a baseline)."""
+        ran = 0
+        while ran < (warmup() if callable(warmup) else warmup):
             step()
+            ran += 1
         dist.barrier(group=group)
         cpu = HostCpu()
         cpu.start()
@@ -199,8 +203,8 @@ class _Rank:
             return None
         # untimed: profiling and the measured arms (the buckets, tuner candidates; see
         # gradsched.control), then one round on the chosen plan
-        times = self._timed(run.name, self.step(model, opt, run), self.iters, self.warmup + opt.stats.settled_round,
-                            self.group)
+        times = self._timed(run.name, self.step(model, opt, run), self.iters,
+                            lambda: self.warmup + opt.stats.settled_round, self.group)
         stats = opt.stats.as_dict()
         state = optimizer_state_bytes(opt)
         self.memory.stop()  # the run's peak: before close(), which may gather parameters whole again

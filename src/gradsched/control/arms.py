@@ -18,7 +18,9 @@ mean of their arms. The decision keeps the starting options unless a candidate m
 twice (its arm and the confirming one) beat them by ``gain`` on that mean, and the
 buckets unless the kept options beat them by as much. The policy and the buckets run in
 interleaved pairs (``pairs``), and a pair counts only where the difference is larger than
-its noise; where no side wins in every pair, the simulator's prediction decides
+its noise; where no side wins in every pair, more pairs are measured, one at a time up to
+``extra_pairs`` (:meth:`ArmsExperiment.more`), until the pooled mean of all pairs is beyond
+its noise; where even that cannot tell, the simulator's prediction decides
 (:meth:`ArmsExperiment.decide`), so noise on a loaded host cannot flip a clear gain, except
 that a policy every pair measured slower than the threshold by more than
 :data:`SLOWER_MARGIN` is never kept, however noisy the pairs: the prediction assumes what the
@@ -94,7 +96,8 @@ class TrialReport:
     use_fifo: bool
     pairs: tuple[tuple[float, float], ...] = ()  # (policy, buckets) of each interleaved pair of arms
     by: str = "measured"  # what decided: "measured"; "slower", every pair slower than the threshold by
-    #   more than SLOWER_MARGIN, inside its noise or not; "prior", the simulator's prediction, where every
+    #   more than SLOWER_MARGIN, inside its noise or not; "pooled", the pooled mean of the pairs (extra pairs
+    #   measured) beyond its noise; "prior", the simulator's prediction, where every
     #   pair was inside the noise or the pairs disagreed; "mean" of the pairs there, without a prediction
 
 
@@ -158,14 +161,20 @@ class ArmsExperiment:
     the starting ones, and the kept ones to replace the buckets."""
 
     def __init__(self, kinds: Sequence[ArmKind], start: Mapping[str, Any], gain: float,
-                 tuner: Proposer | None = None) -> None:
+                 tuner: Proposer | None = None, extra_pairs: int = 0) -> None:
         if not kinds:
             raise ValueError("an experiment needs at least one arm")
         if not gain < 1.0:
             raise ValueError(f"gain must be < 1, got {gain}")
         if ArmKind.CANDIDATE in kinds and tuner is None:
             raise ValueError("candidate arms need a tuner")
+        if extra_pairs < 0:
+            raise ValueError(f"extra_pairs must be >= 0, got {extra_pairs}")
         self.kinds = tuple(kinds)
+        #: pairs of arms (the policy, then the buckets) that may still be added where the pairs
+        #: measured so far cannot tell the two apart (:meth:`more`)
+        self.extra_pairs = extra_pairs if ArmKind.BUCKETS in kinds else 0
+        self._base_pairs = sum(k == ArmKind.BUCKETS for k in kinds)
         self.start = dict(start)
         self.gain = gain
         self.tuner = tuner
@@ -216,6 +225,48 @@ class ArmsExperiment:
                 self.tuner.tell(self._candidate, seconds)
             self._candidate = None
         return seconds
+
+    def more(self) -> bool:
+        """Once every arm is measured: whether to measure another pair first, because the
+        pairs so far cannot tell the policy from the buckets (they fall inside their noise or
+        disagree, and their pooled mean cannot tell either) and the budget of extra pairs
+        allows one. If so, the pair is added to the arms (ask for them as before) and the
+        budget shrinks by one; :meth:`decide` comes after them."""
+        if not self.done or self.extra_pairs <= 0:
+            return False
+        ranked = self.ranked()
+        best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), None)
+        if best is None or not best.start or self._by_measurement(self._pairs()) is not None:
+            return False
+        self.extra_pairs -= 1
+        self.kinds += (ArmKind.POLICY, ArmKind.BUCKETS)
+        return True
+
+    def _pairs(self) -> list[tuple[_Score, _Score]]:
+        """Each measured policy arm with the buckets' arm right after it."""
+        return [(p, b) for p, b in zip(self.scores, self.scores[1:])
+                if p.kind == ArmKind.POLICY and b.kind == ArmKind.BUCKETS and None not in (p.seconds, b.seconds)]
+
+    def _by_measurement(self, pairs: Sequence[tuple[_Score, _Score]]) -> tuple[bool, str] | None:
+        """(use the buckets, how) where the pairs decide it: every pair the same way beyond its
+        noise; every pair slower than the threshold by more than :data:`SLOWER_MARGIN`; or,
+        once more pairs than the first were measured, their pooled mean beyond its noise.
+        None: they cannot tell."""
+        if not pairs:
+            return None
+        threshold = 1.0 - self.gain
+        ratios = [(p.seconds / b.seconds, p.seconds / b.seconds * ratio_noise(p.times, b.times)) for p, b in pairs]
+        if all(ratio + noise <= threshold for ratio, noise in ratios):
+            return False, "measured"
+        if all(ratio - noise > threshold for ratio, noise in ratios):
+            return True, "measured"
+        if all(ratio > threshold + SLOWER_MARGIN for ratio, _ in ratios):
+            return True, "slower"
+        if len(ratios) > self._base_pairs:
+            mean, noise = pooled(ratios)
+            if mean + noise <= threshold or mean - noise > threshold:
+                return mean > threshold, "pooled"
+        return None
 
     def _first(self, kind: ArmKind) -> _Score | None:
         return next((score for score in self.scores if score.kind == kind), None)
@@ -269,23 +320,18 @@ class ArmsExperiment:
             return None
         threshold = 1.0 - self.gain
         fifo_s = statistics.fmean(s.seconds for s in buckets)
-        pairs = [(p, b) for p, b in zip(self.scores, self.scores[1:])
-                 if p.kind == ArmKind.POLICY and b.kind == ArmKind.BUCKETS and None not in (p.seconds, b.seconds)]
+        pairs = self._pairs()
         if not (best.start and pairs):
             return TrialReport(best.seconds, fifo_s, best.seconds > fifo_s * threshold)
-        ratios = [(p.seconds / b.seconds, p.seconds / b.seconds * ratio_noise(p.times, b.times)) for p, b in pairs]
         seconds = tuple((p.seconds, b.seconds) for p, b in pairs)
         policy_s = statistics.fmean(p.seconds for p, _ in pairs)
         fifo_s = statistics.fmean(b.seconds for _, b in pairs)
-        if all(ratio + noise <= threshold for ratio, noise in ratios):
-            return TrialReport(policy_s, fifo_s, False, seconds)
-        if all(ratio - noise > threshold for ratio, noise in ratios):
-            return TrialReport(policy_s, fifo_s, True, seconds)
-        if all(ratio > threshold + SLOWER_MARGIN for ratio, _ in ratios):
-            return TrialReport(policy_s, fifo_s, True, seconds, by="slower")
+        measured = self._by_measurement(pairs)
+        if measured is not None:
+            return TrialReport(policy_s, fifo_s, measured[0], seconds, by=measured[1])
         if prior is not None:
             return TrialReport(policy_s, fifo_s, not prior, seconds, by="prior")
-        mean = statistics.fmean(ratio for ratio, _ in ratios)
+        mean = statistics.fmean(p.seconds / b.seconds for p, b in pairs)
         return TrialReport(policy_s, fifo_s, mean > threshold, seconds, by="mean")
 
     def _tuning(self, best: _Ranked, start: _Ranked | None) -> TuningReport | None:
@@ -306,6 +352,22 @@ def median_error(times: Sequence[float]) -> float:
     median = statistics.median(times)
     mad = statistics.median(abs(t - median) for t in times)
     return 1.2533 * 1.4826 * mad / (median * len(times) ** 0.5) if median > 0 else 0.0
+
+
+def pooled(ratios: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The mean of the pairs' ratios and its noise: the larger of what each pair's own noise
+    gives the mean (independent errors) and the spread between the pairs (the standard error
+    of their mean), so that pairs which disagree count as noise.
+
+    >>> mean, noise = pooled([(0.9, 0.05), (0.94, 0.05)])
+    >>> round(mean, 3), round(noise, 4)
+    (0.92, 0.0354)
+    """
+    values = [ratio for ratio, _ in ratios]
+    n = len(values)
+    own = sum(noise * noise for _, noise in ratios) ** 0.5 / n
+    spread = statistics.stdev(values) / n ** 0.5 if n > 1 else 0.0
+    return statistics.fmean(values), max(own, spread)
 
 
 def ratio_noise(a: Sequence[float], b: Sequence[float]) -> float:

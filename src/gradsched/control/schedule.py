@@ -21,6 +21,7 @@ configuration, so every rank knows it without asking.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -85,6 +86,17 @@ class ControlSchedule:
         if round_index == first or (every and round_index > first and (round_index - first) % every == 0):
             return ControlPoint(Stage.REPLAN)
         return None
+
+    def with_arms(self, arms: int) -> ControlSchedule:
+        """The same schedule with ``arms`` measured arms (more pairs measured: every rank
+        extends its schedule at the same control point, told so by rank 0's broadcast there).
+
+        >>> schedule = ControlSchedule(profile_rounds=3, trial_rounds=5, replan_every=50, arms=2)
+        >>> longer = schedule.with_arms(4)
+        >>> longer.at(14), longer.at(19), longer.at(24), longer.settled_round
+        (ControlPoint(Stage.ARM, 2), ControlPoint(Stage.ARM, 3), ControlPoint(Stage.DECIDE, 4), 25)
+        """
+        return dataclasses.replace(self, arms=arms)
 
     def measured_rounds(self, arm: int) -> tuple[int, int]:
         """(first, last) round of ``arm`` whose iteration times count: not the first round

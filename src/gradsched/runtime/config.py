@@ -97,8 +97,10 @@ class RuntimeConfig:
     #   DDP's option of the same name (its first bucket is 1 MiB, as DDP's)
     trial_rounds: int = 5  # backward passes per measured arm (buckets, tuner candidates); the first and last
     #   of each arm are not counted
-    trial_pairs: int = 2  # with fallback: interleaved pairs of arms (the policy, then the buckets) measured;
-    #   where the pairs do not all agree beyond their noise, the simulator's prediction decides
+    trial_pairs: int = 2  # with fallback: interleaved pairs of arms (the policy, then the buckets) measured
+    trial_extra_pairs: int = 2  # with fallback: pairs measured more, one at a time, where the pairs so far
+    #   cannot tell the policy from the buckets (inside their noise, or disagreeing); after them the pooled mean
+    #   of all pairs, and only where it cannot tell either, the simulator's prediction decides
 
     # -- online tuning (docs/tuning.md) --
     autotune: bool = False  # tune the policy's options (partition and credit sizes; Prophet's stage threshold)
@@ -138,6 +140,7 @@ class RuntimeConfig:
             (self.trial_rounds >= 3, "trial_rounds must be >= 3 (the first and last round of an arm are not "
                                      f"measured), got {self.trial_rounds}"),
             (self.trial_pairs >= 1, f"trial_pairs must be >= 1, got {self.trial_pairs}"),
+            (self.trial_extra_pairs >= 0, f"trial_extra_pairs must be >= 0, got {self.trial_extra_pairs}"),
             (self.autotune_trials >= 2, "autotune_trials must be >= 2 (the starting options and a candidate), "
                                         f"got {self.autotune_trials}"),
             (self.fallback_gain < 1.0, f"fallback_gain must be < 1, got {self.fallback_gain}"),

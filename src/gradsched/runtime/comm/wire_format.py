@@ -67,6 +67,7 @@ class Proposal:
     prediction: Prediction | None = None
     trial: TrialReport | None = None
     tuning: TuningReport | None = None
+    more_pairs: int = 0  # the measured trial measures this many pairs more first: every rank's schedule grows
 
 
 @dataclass(frozen=True)

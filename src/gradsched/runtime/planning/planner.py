@@ -112,7 +112,8 @@ class Planner:
             # sizes stay within 8x of the starting ones unless the user gave their own ranges
             space = around(space, start, keep=tuple(self.config.autotune_space or ()))
             tuner = Tuner(space, seed=self.config.autotune_seed, start=start)
-        return ArmsExperiment(kinds, tuner.default_options if tuner else {}, self.config.fallback_gain, tuner)
+        return ArmsExperiment(kinds, tuner.default_options if tuner else {}, self.config.fallback_gain, tuner,
+                              extra_pairs=self.config.trial_extra_pairs)
 
     @property
     def settled_round(self) -> int:
@@ -165,6 +166,8 @@ class Planner:
         self._adopt(proposal, round_index + 1)
 
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
+        if proposal.more_pairs:
+            self.schedule = self.schedule.with_arms(self.schedule.arms + 2 * proposal.more_pairs)
         self.prediction = proposal.prediction or self.prediction
         self.trial = proposal.trial or self.trial
         if proposal.trial is not None and proposal.trial.use_fifo and self.on_buckets_kept:
@@ -182,6 +185,9 @@ class Planner:
         tuning kept at INFO every time (also where the plan stays as it was: the buckets kept
         as the last arm measured), changes of policy at INFO, routine re-plans at DEBUG."""
         plan = proposal.plan
+        if proposal.more_pairs:
+            logger.info("gradsched: measured trial: the pairs so far cannot tell %s from DDP-style buckets; measuring "
+                        "%d pair(s) more", self.policy.name, proposal.more_pairs)
         if proposal.trial is not None:
             trial = proposal.trial
             pairs = ", ".join(f"{p * 1e3:.1f}/{b * 1e3:.1f}" for p, b in trial.pairs)
@@ -189,6 +195,7 @@ class Planner:
                         self.policy.name, trial.policy_s * 1e3, trial.fifo_s * 1e3,
                         "keeping the buckets" if trial.use_fifo else f"keeping {self.policy.name}",
                         {"measured": "by measurement",
+                         "pooled": "by measurement (the pooled mean of the pairs, beyond its noise)",
                          "slower": f"by measurement (every pair slower by more than {SLOWER_MARGIN:.0%} past "
                                    "the threshold, inside its noise or not)",
                          "prior": "inside the noise: as the simulator predicts",
@@ -239,14 +246,17 @@ class Planner:
         link = self.predictor.estimated_link()
         prediction = self.predictor.prediction(timings, link, self.link) if point == ControlPoint(Stage.ARM, 0) else None
         arm = decision = None
-        if point.stage == Stage.ARM:
-            if point.index > 0:
+        more = 0
+        if point.stage == Stage.DECIDE:
+            self._close_arm()
+            more = int(self.experiment.more())  # the pairs cannot tell: one more pair first
+        if point.stage == Stage.ARM or more:
+            if point.stage == Stage.ARM and point.index > 0:
                 self._close_arm()
             with torch.enable_grad():  # the GP sampler fits its model with autograd (step() runs under no_grad)
                 arm = self.experiment.ask()
             policy, plan = self._with(arm.options), arm.plan
         elif point.stage == Stage.DECIDE:
-            self._close_arm()
             prior = None if self.prediction is None else not self.prediction.use_fifo
             decision = self.experiment.decide(prior)
             if decision is not None:
@@ -261,7 +271,7 @@ class Planner:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))
         return Proposal(plan if changed else None, prediction, decision and decision.trial,
-                        decision and decision.tuning)
+                        decision and decision.tuning, more)
 
     def _with(self, options: dict | None) -> PolicyConfig:
         """The policy with ``options`` (None: DDP-style buckets)."""
