@@ -235,12 +235,20 @@ class ArmsExperiment:
         if not self.done or self.extra_pairs <= 0:
             return False
         ranked = self.ranked()
-        best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), None)
-        if best is None or not best.start or self._by_measurement(self._pairs()) is not None:
+        if not ranked or not self._kept(ranked, next((e for e in ranked if e.start), None)).start:
+            return False  # options a tuner found are compared by their means, not by pairs
+        if self._by_measurement(self._pairs()) is not None:
             return False
         self.extra_pairs -= 1
         self.kinds += (ArmKind.POLICY, ArmKind.BUCKETS)
         return True
+
+    def _kept(self, ranked: Sequence[_Ranked], start: _Ranked | None) -> _Ranked:
+        """The options kept among ``ranked`` (not empty): a candidate replaces the starting
+        options only when measured twice (the confirming arm) and clearly faster, by the gain:
+        one lucky arm is not enough."""
+        best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), ranked[0])
+        return start if start is not None and best.seconds > start.seconds * (1.0 - self.gain) else best
 
     def _pairs(self) -> list[tuple[_Score, _Score]]:
         """Each measured policy arm with the buckets' arm right after it."""
@@ -293,11 +301,7 @@ class ArmsExperiment:
         if not ranked:
             return None
         start = next((entry for entry in ranked if entry.start), None)
-        # a candidate replaces the starting options only when measured twice (the confirming
-        # arm) and clearly faster: one lucky arm is not enough
-        best = next((entry for entry in ranked if entry.start or len(entry.times) > 1), ranked[0])
-        if start is not None and best.seconds > start.seconds * (1.0 - self.gain):
-            best = start
+        best = self._kept(ranked, start)
         options, plan = best.options, best.plan
         trial = self._trial(best, prior)
         if trial is not None and trial.use_fifo:

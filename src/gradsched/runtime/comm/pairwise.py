@@ -48,7 +48,9 @@ class Pairwise:
         total = buffer.numel() // n
         parts = [buffer[j * total:(j + 1) * total] for j in range(n)]
         others = [j for j in range(n) if j != r]
-        received = {j: buffer.new_empty(total) if into is None or k else into for k, j in enumerate(others)}
+        received: dict[int, torch.Tensor] = {}
+        for j in others:  # the first other rank's part lands in ``into``, the rest in buffers of their own
+            received[j] = into if into is not None and not received else buffer.new_empty(total)
         works = [dist.isend(parts[j], group_dst=j, group=self.group, tag=tag) for j in received]
         works += [dist.irecv(received[j], group_src=j, group=self.group, tag=tag) for j in received]
 

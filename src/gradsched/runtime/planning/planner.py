@@ -246,13 +246,10 @@ class Planner:
         link = self.predictor.estimated_link()
         prediction = self.predictor.prediction(timings, link, self.link) if point == ControlPoint(Stage.ARM, 0) else None
         arm = decision = None
-        more = 0
-        if point.stage == Stage.DECIDE:
+        if point.stage == Stage.DECIDE or (point.stage == Stage.ARM and point.index > 0):
             self._close_arm()
-            more = int(self.experiment.more())  # the pairs cannot tell: one more pair first
+        more = int(point.stage == Stage.DECIDE and self.experiment.more())  # the pairs cannot tell: a pair more
         if point.stage == Stage.ARM or more:
-            if point.stage == Stage.ARM and point.index > 0:
-                self._close_arm()
             with torch.enable_grad():  # the GP sampler fits its model with autograd (step() runs under no_grad)
                 arm = self.experiment.ask()
             policy, plan = self._with(arm.options), arm.plan

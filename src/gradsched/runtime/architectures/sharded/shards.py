@@ -390,4 +390,5 @@ class ReduceScatter(BaseTransport):
     def close(self, wait: bool) -> None:
         if self.pairwise is not None:
             self.pairwise.close(wait)
+        self.into.clear()  # buffers packed and never sent (a stopped round): their views go
         self.group = None
