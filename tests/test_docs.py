@@ -269,3 +269,7 @@ def test_the_user_guide_and_the_internals_stay_short_and_the_index_names_every_p
     index = PAGES["docs/index.md"]
     unlisted = [p for p in PAGES if p.startswith("docs/") and p != "docs/index.md" and f"]({p[5:]})" not in index]
     assert unlisted == [], f"docs/index.md does not list {unlisted}"
+
+
+def test_the_cpu_trial_table_is_what_its_json_prints():
+    assert script("cpu_trial").table(figure("cpu-trial")["runs"]) in PAGES["docs/bench.md"]
