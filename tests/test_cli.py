@@ -79,7 +79,7 @@ def test_set_changes_a_policy_option(capsys):
     base = json.loads(run(capsys, "simulate", "--policy", "bytescheduler", "--iterations", "6", "--json")[1])
     changed = json.loads(run(capsys, "simulate", "--policy", "bytescheduler", "--iterations", "6", "--json",
                              "--set", "bytescheduler.credit_bytes=64MiB")[1])
-    assert base["results"][0]["config"]["credit_bytes"] == 16 << 20
+    assert base["results"][0]["config"]["credit_bytes"] == 3 << 20  # derived from the link: 1.5 slices of 2 MiB
     assert changed["results"][0]["config"]["credit_bytes"] == 64 << 20
 
 

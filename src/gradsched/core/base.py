@@ -179,6 +179,15 @@ class PolicyConfig:
     def build(self) -> Policy:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def for_link(self, total_bytes: int, latency_s: float, seconds_per_byte: float, overhead_s: float,
+                 arch: str = "allreduce") -> PolicyConfig:
+        """This configuration with the options it derives from the link and the model filled in
+        (``total_bytes`` of gradients; the link's latency, cost per payload byte and per-message
+        overhead as the simulator models them, under architecture ``arch``). Policies without
+        derived options return it as it is; the simulator and the plan maker call this before
+        :meth:`build`."""
+        return self
+
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.name, **dataclasses.asdict(self)}
 
@@ -193,8 +202,14 @@ class PolicyConfig:
                 raise ValueError(
                     f"policy {self.name!r} has no option {key!r}; options: {', '.join(sorted(fields))}"
                 )
-            parsed[key] = _parse_field(key, getattr(self, key), value, parse_bytes)
+            derived = fields[key].default is None  # None: the policy derives it (see for_link)
+            parsed[key] = None if derived and _is_auto(value) else _parse_field(key, getattr(self, key), value,
+                                                                                parse_bytes)
         return dataclasses.replace(self, **parsed)
+
+
+def _is_auto(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() == "auto")
 
 
 def _parse_field(key: str, current: Any, value: Any, parse_bytes: Callable[[str], int]) -> Any:

@@ -122,6 +122,8 @@ class _Run:
     def __init__(self, model: ModelTable, cluster: Cluster, config: PolicyConfig, iterations: int, record: bool):
         self.model = model
         self.cluster = cluster
+        config = config.for_link(model.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
+                                 cluster.overhead_s, cluster.arch)
         self.config = config
         self.policy = config.build()
         self.warmup = max(1, self.policy.warmup_iterations)

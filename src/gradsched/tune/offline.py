@@ -37,13 +37,22 @@ def simulate_options(table: ModelTable, cluster: Cluster, policy: str, options: 
     return predict(table, cluster, policy_config(policy, **options), iterations)
 
 
+def starting_options(table: ModelTable, cluster: Cluster, space: SearchSpace) -> dict[str, Any]:
+    """The policy's default options on this model and cluster (sizes it derives from the link
+    filled in): what the tuner measures first."""
+    defaults = policy_config(space.policy).for_link(table.gradient_bytes, cluster.latency_s,
+                                                    cluster.phase_seconds_per_byte, cluster.overhead_s, cluster.arch)
+    return {d.option: getattr(defaults, d.option) for d in space.dimensions}
+
+
 def tune_offline(table: ModelTable, cluster: Cluster, space: SearchSpace, trials: int = 15, seed: int = 0,
-                 sampler: str = "gp", progress: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+                 sampler: str = "gp", progress: Callable[[dict[str, Any]], None] | None = None,
+                 start: dict[str, Any] | None = None) -> TuneResult:
     """Tune ``space.policy`` for this model and cluster with ``trials`` simulations (the
-    first is the policy's defaults)."""
+    first is ``start``, by default the policy's defaults on this cluster)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
-    tuner = Tuner(space, seed=seed, sampler=sampler)
+    tuner = Tuner(space, seed=seed, sampler=sampler, start=start or starting_options(table, cluster, space))
     for _ in range(trials):
         candidate = tuner.ask()
         tuner.tell(candidate, simulate_options(table, cluster, space.policy, candidate.options))

@@ -66,8 +66,8 @@ class SearchSpace:
         fixed = dict(options)
         if "credit_bytes" in fixed and "partition_bytes" in fixed:
             fixed["credit_bytes"] = max(fixed["credit_bytes"], fixed["partition_bytes"])
-        elif "credit_bytes" in fixed:
-            fixed["credit_bytes"] = max(fixed["credit_bytes"], policy_config(self.policy).partition_bytes)
+        elif "credit_bytes" in fixed:  # a derived slice is cut to fit the window (see for_link)
+            fixed["credit_bytes"] = max(fixed["credit_bytes"], policy_config(self.policy).partition_bytes or 1)
         return fixed
 
     def validate(self, options: Mapping[str, Any]) -> None:

@@ -34,7 +34,8 @@ class Candidate:
 class Tuner:
     def __init__(self, space: SearchSpace, seed: int = 0, sampler: str = "gp", startup_trials: int = 4,
                  start: dict[str, Any] | None = None) -> None:
-        """``start``: the options measured first (default: the policy's defaults)."""
+        """``start``: the options measured first (default: the policy's defaults; required where
+        they are derived from the link, see ``PolicyConfig.for_link``)."""
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         if startup_trials < 1:
@@ -50,6 +51,10 @@ class Tuner:
         self.study = optuna.create_study(direction="minimize", sampler=chosen)
         defaults = policy_config(space.policy)
         start = start or {d.option: getattr(defaults, d.option) for d in space.dimensions}
+        derived = [option for option, value in start.items() if value is None]
+        if derived:
+            raise ValueError(f"{space.policy}: {', '.join(derived)} derived from the link: give the starting "
+                             f"options (the policy's for_link() on the link tuned for)")
         self.default_options = space.repair(start)
         space.validate(self.default_options)
         self.study.enqueue_trial({d.option: float(min(max(self.default_options[d.option], d.low), d.high))

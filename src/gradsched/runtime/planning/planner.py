@@ -37,6 +37,7 @@ from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
 from gradsched.models.table import ModelTable
 from gradsched.sim import default_ready_times, paced_ready_times, make_plan
+from gradsched.sim.plan_maker import DEFAULT_LATENCY_S, DEFAULT_SECONDS_PER_BYTE
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.files import problem_writing
 from gradsched.runtime.errors import GradschedError, failing_rank
@@ -89,7 +90,8 @@ class Planner:
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
                  if compare else ())
         self.schedule = ControlSchedule(config.profile_rounds, config.trial_rounds, config.replan_every, len(kinds))
-        self.experiment = self._experiment(kinds) if kinds and rank == 0 else None
+        self._kinds = kinds if rank == 0 else ()
+        self.experiment: ArmsExperiment | None = None  # rank 0, from the first arm on (when the link is measured)
         self.chosen = policy  # the policy of later plans: the user's (tuned), or fifo after losing the trial
         self.timings: list[RoundTiming] = []  # of the latest closed rounds
         self.link: MeasuredLink | None = None  # probed once, before the measured trial
@@ -101,19 +103,29 @@ class Planner:
         self._starts: dict[int, RoundTiming] = {}  # round -> its timing (the forward start before its backward)
         self._done: set[int] = set()
 
-    def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
+    def _experiment(self, kinds: Sequence[ArmKind], link: tuple[float, float, float] | tuple[()]) -> ArmsExperiment:
         tuner = None
         if ArmKind.CANDIDATE in kinds:
             from gradsched.tune import Tuner, default_space
             from gradsched.tune.space import around
 
             space = default_space(self.policy.name, self.config.autotune_space)
-            start = {d.option: getattr(self.policy, d.option) for d in space.dimensions}  # the user's options
+            # the user's options, with those the policy derives from the link as it derives them now
+            own = self.policy.for_link(sum(t.nbytes for t in self.tensors), *(link or self._probed_link()),
+                                       arch=self.architecture.link_model)
+            start = {d.option: getattr(own, d.option) for d in space.dimensions}
             # sizes stay within 8x of the starting ones unless the user gave their own ranges
             space = around(space, start, keep=tuple(self.config.autotune_space or ()))
             tuner = Tuner(space, seed=self.config.autotune_seed, start=start)
         return ArmsExperiment(kinds, tuner.default_options if tuner else {}, self.config.fallback_gain, tuner,
                               extra_pairs=self.config.trial_extra_pairs)
+
+    def _probed_link(self) -> tuple[float, float, float]:
+        """(latency, seconds per byte, per-message overhead) of the link probed before the trial,
+        the plan maker's defaults where it was not probed."""
+        if self.link is None or not self.link.seconds_per_byte > 0:
+            return DEFAULT_LATENCY_S, DEFAULT_SECONDS_PER_BYTE, 0.0
+        return self.architecture.link(self.link.latency_s, self.link.seconds_per_byte, self.link.overhead_s)
 
     @property
     def settled_round(self) -> int:
@@ -248,6 +260,8 @@ class Planner:
         arm = decision = None
         if point.stage == Stage.DECIDE or (point.stage == Stage.ARM and point.index > 0):
             self._close_arm()
+        if self.experiment is None and self._kinds and point.stage != Stage.REPLAN:
+            self.experiment = self._experiment(self._kinds, link)
         more = int(point.stage == Stage.DECIDE and self.experiment.more())  # the pairs cannot tell: a pair more
         if point.stage == Stage.ARM or more:
             with torch.enable_grad():  # the GP sampler fits its model with autograd (step() runs under no_grad)
