@@ -179,13 +179,11 @@ class PolicyConfig:
     def build(self) -> Policy:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def for_link(self, total_bytes: int, latency_s: float, seconds_per_byte: float, overhead_s: float,
-                 arch: str = "allreduce") -> PolicyConfig:
+    def for_link(self, total_bytes: int, latency_s: float, seconds_per_byte: float, overhead_s: float) -> PolicyConfig:
         """This configuration with the options it derives from the link and the model filled in
         (``total_bytes`` of gradients; the link's latency, cost per payload byte and per-message
-        overhead as the simulator models them, under architecture ``arch``). Policies without
-        derived options return it as it is; the simulator and the plan maker call this before
-        :meth:`build`."""
+        overhead as the simulator models them). Policies without derived options return it as
+        it is; the simulator and the plan maker call this before :meth:`build`."""
         return self
 
     def as_dict(self) -> dict[str, Any]:

@@ -10,29 +10,30 @@ per-message cost of ``c`` seconds and ``s`` seconds per payload byte, the two ba
     P = sqrt(BALANCE * G * c / s)
 
 (``c / s`` is the per-message cost in bytes of link time). ``c`` is the larger of the
-link's per-message overhead and half its latency: under a window of one and a half slices
-a full slice often travels alone, and then part of every message's latency is exposed too.
+link's per-message overhead and half its latency.
 
-The window holds one and a half slices: the next slice's fused small gradients travel
-behind a full one, while a newly ready urgent slice waits for at most one slice ahead of it.
-With parameter servers it holds three: a message is a push and then a pull on the two
-directions of the link, and the pull of one slice overlaps the push of the next only
-when both are in the window (with one and a half, ResNet-152 on 4 workers ran 1.48x
-slower in the simulator).
+The window holds three slices. Measured on the emulated cluster (gloo over TCP, 2 ranks,
+time-dilated K=3, the Transformer at batch 96, 5 Gbit/s: ``docs/bench.md``), the same
+slices ran 631 ms per iteration in a window of one and a half slices, 585 in two and 580
+in three (slices of half the size), against 564 for ``prophet``: a large slice alone on the
+link leaves it idle between the phases of its all-reduce, which the next slice in the
+window fills. With parameter servers three slices also let one slice's pull overlap the
+next one's push (with one and a half, ResNet-152 on 4 workers ran 1.48x slower in the
+simulator).
 
 ``BALANCE`` and the window were chosen in the simulator over ResNet-50, VGG-16 and the
 Transformer at batches 32, 64 and 96, on 2 to 16 workers, per-message costs of 0 to 0.5 ms
-and latencies of 20 us to 1 ms (27 settings, ``benchmarks/bytescheduler_sizes.py``): there
-the derived sizes put ``bytescheduler`` at most 1.4% behind ``prophet`` and 2.4% ahead on
-average, where the fixed 4 MiB slices and 16 MiB window of the original were up to 12.5%
-behind. Values from 2 to 4 for ``BALANCE`` do as well; the result is rounded to a quarter
-of an octave, so a drifting estimate does not re-cut the slices at every re-plan.
+and latencies of 20 us to 1 ms (27 settings, ``benchmarks/bytescheduler_sizes.py``), among
+the windows the measurement allows: there the derived sizes put ``bytescheduler`` at most
+1.1% behind ``prophet`` and 2.6% ahead on average, where the fixed 4 MiB slices and 16 MiB
+window of the original were up to 12.5% behind. The result is rounded to a quarter of an
+octave, so a drifting estimate does not re-cut the slices at every re-plan.
 
 >>> mib = 1 << 20
->>> partition_for(100_000_000, seconds_per_byte=2.5e-9, overhead_s=160e-6, latency_s=280e-6) / mib
-4.0
->>> credit_for(4 * mib) / mib, credit_for(4 * mib, "ps") / mib
-(6.0, 12.0)
+>>> partition_for(100_000_000, seconds_per_byte=2.5e-9, overhead_s=110e-6, latency_s=200e-6) / mib
+2.0
+>>> credit_for(2 * mib) / mib
+6.0
 >>> partition_for(100_000_000, seconds_per_byte=0.0, overhead_s=0.0, latency_s=0.0) / mib  # nothing measured
 4.0
 """
@@ -43,9 +44,8 @@ import math
 
 KiB, MiB = 1 << 10, 1 << 20
 
-BALANCE = 3.0  # per-message cost against the wait behind a slice (see the module docstring)
-CREDIT_SLICES = {"ps": 3.0}  # the window, in slices, by architecture
-DEFAULT_CREDIT_SLICES = 1.5
+BALANCE = 1.0  # per-message cost against the wait behind a slice (see the module docstring)
+CREDIT_SLICES = 3  # the window, in slices
 MIN_PARTITION = 256 * KiB  # below this, a slice's bookkeeping costs more than its urgency saves
 MAX_PARTITION = 64 * MiB
 UNMEASURED_PARTITION = 4 * MiB  # before anything is measured (the original's fixed size)
@@ -67,7 +67,6 @@ def partition_for(total_bytes: int, seconds_per_byte: float, overhead_s: float, 
     return int(min(MAX_PARTITION, max(MIN_PARTITION, rounded)))
 
 
-def credit_for(partition_bytes: int, arch: str = "allreduce") -> int:
-    """The credit window for slices of ``partition_bytes`` under architecture ``arch`` (as the
-    simulator names them: "allreduce", "ps", "sharded")."""
-    return int(CREDIT_SLICES.get(arch, DEFAULT_CREDIT_SLICES) * partition_bytes)
+def credit_for(partition_bytes: int) -> int:
+    """The credit window for slices of ``partition_bytes``."""
+    return CREDIT_SLICES * partition_bytes

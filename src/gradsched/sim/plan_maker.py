@@ -80,7 +80,7 @@ def make_plan(
         raise ValueError(f"no ready time for {len(missing)} tensors, e.g. {missing[:3]}")
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
-    policy = policy.for_link(sum(t.nbytes for t in tensors), latency_s, seconds_per_byte, overhead_s, arch)
+    policy = policy.for_link(sum(t.nbytes for t in tensors), latency_s, seconds_per_byte, overhead_s)
     engine = Scheduler(tensors, policy.build(), hold_bytes)
     network = network_for(arch, latency_s, seconds_per_byte, overhead_s, servers=servers)
     recorder = _Recorder()

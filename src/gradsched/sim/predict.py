@@ -55,6 +55,6 @@ def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iteration
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
     policy's own warm-up (Prophet's profiling)."""
     resolved = policy.for_link(table.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
-                               cluster.overhead_s, cluster.arch)
+                               cluster.overhead_s)
     rounds = resolved.build().warmup_iterations + iterations
     return simulate(table, cluster, policy, iterations=rounds, record=False).iteration_s

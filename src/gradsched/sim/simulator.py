@@ -123,7 +123,7 @@ class _Run:
         self.model = model
         self.cluster = cluster
         config = config.for_link(model.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
-                                 cluster.overhead_s, cluster.arch)
+                                 cluster.overhead_s)
         self.config = config
         self.policy = config.build()
         self.warmup = max(1, self.policy.warmup_iterations)

@@ -41,7 +41,7 @@ def starting_options(table: ModelTable, cluster: Cluster, space: SearchSpace) ->
     """The policy's default options on this model and cluster (sizes it derives from the link
     filled in): what the tuner measures first."""
     defaults = policy_config(space.policy).for_link(table.gradient_bytes, cluster.latency_s,
-                                                    cluster.phase_seconds_per_byte, cluster.overhead_s, cluster.arch)
+                                                    cluster.phase_seconds_per_byte, cluster.overhead_s)
     return {d.option: getattr(defaults, d.option) for d in space.dimensions}
 
 

@@ -60,8 +60,8 @@ class ByteSchedulerConfig(PolicyConfig):
         """Whether a size is still to be derived from the link (:meth:`for_link`)."""
         return self.partition_bytes is None or self.credit_bytes is None
 
-    def for_link(self, total_bytes: int, latency_s: float, seconds_per_byte: float, overhead_s: float,
-                 arch: str = "allreduce") -> ByteSchedulerConfig:
+    def for_link(self, total_bytes: int, latency_s: float, seconds_per_byte: float,
+                 overhead_s: float) -> ByteSchedulerConfig:
         """The sizes not set derived from this link and ``total_bytes`` of gradients: the slice
         by :func:`~gradsched.core.sizing.partition_for` (at most a given window), the window by
         :func:`~gradsched.core.sizing.credit_for` (at least a given slice)."""
@@ -71,7 +71,7 @@ class ByteSchedulerConfig(PolicyConfig):
         if partition is None:
             partition = partition_for(total_bytes, seconds_per_byte, overhead_s, latency_s)
             partition = min(partition, self.credit_bytes or partition)
-        credit = self.credit_bytes if self.credit_bytes is not None else credit_for(partition, arch)
+        credit = self.credit_bytes if self.credit_bytes is not None else credit_for(partition)
         return replace(self, partition_bytes=partition, credit_bytes=credit)
 
     def build(self) -> Policy:

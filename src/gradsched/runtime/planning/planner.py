@@ -111,8 +111,7 @@ class Planner:
 
             space = default_space(self.policy.name, self.config.autotune_space)
             # the user's options, with those the policy derives from the link as it derives them now
-            own = self.policy.for_link(sum(t.nbytes for t in self.tensors), *(link or self._probed_link()),
-                                       arch=self.architecture.link_model)
+            own = self.policy.for_link(sum(t.nbytes for t in self.tensors), *(link or self._probed_link()))
             start = {d.option: getattr(own, d.option) for d in space.dimensions}
             # sizes stay within 8x of the starting ones unless the user gave their own ranges
             space = around(space, start, keep=tuple(self.config.autotune_space or ()))
