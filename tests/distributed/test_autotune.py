@@ -57,3 +57,27 @@ def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, s
         assert tuning["best_s"] == tuning["default_s"]
     else:  # replaced it: only by beating it by the gain
         assert tuning["best_s"] < tuning["default_s"] * (1 - 0.02)
+
+
+def test_online_autotune_starts_from_the_sizes_bytescheduler_derives(tmp_path):
+    """No sizes given: the tuner's first candidate is what bytescheduler derives from the link
+    it measured (a window of three slices, the slice on its quarter-octave grid), every rank
+    tunes the same way, and the parameters still equal DDP's."""
+    import math
+
+    from gradsched.core.sizing import CREDIT_SLICES, MAX_PARTITION, MIN_PARTITION
+
+    out = tmp_path / "out.json"
+    results = run_ranks("autotune", 2, str(out), "--derived", timeout=180)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    reports = json.loads(out.read_text())
+    for report in reports:
+        assert report["max_abs_diff"] <= 1e-5 and report["moved"] > 1e-2, report
+    assert reports[1]["autotune"] == reports[0]["autotune"]
+    start = reports[0]["autotune"]["history"][0]
+    assert start["default"]
+    partition = start["options"]["partition_bytes"]
+    assert start["options"]["credit_bytes"] == CREDIT_SLICES * partition
+    assert MIN_PARTITION <= partition <= MAX_PARTITION
+    assert 4 * math.log2(partition) == pytest.approx(round(4 * math.log2(partition)), abs=1e-6)

@@ -1,7 +1,10 @@
 """Worker: train with online autotuning on every rank, then the same with DDP over the
 workers; rank 0 writes each worker's report (with the largest difference to DDP).
 
-    python -m workers.autotune OUT.json [--servers S]
+    python -m workers.autotune OUT.json [--servers S] [--derived]
+
+--derived: bytescheduler's own sizes, derived from the link, are the tuner's start (and its
+default search space around them).
 """
 
 import argparse
@@ -18,6 +21,7 @@ from workers.launch import finish
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--servers", type=int, default=0)
+parser.add_argument("--derived", action="store_true")
 args = parser.parse_args()
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -41,10 +45,11 @@ def train(model, opt) -> None:
 
 model, opt = fresh()
 ps = {"architecture": "ps", "servers": args.servers} if args.servers else {}
+given = {} if args.derived else {
+    "autotune_space": {"partition_bytes": "1KiB:64KiB", "credit_bytes": "4KiB:256KiB"},
+    "policy_options": {"partition_bytes": "4KiB", "credit_bytes": "16KiB"}}
 model, opt = gradsched.wrap(model, opt, "bytescheduler", profile_rounds=2, replan_every=0, trial_rounds=3,
-                            autotune=True, autotune_trials=6, autotune_seed=7, fallback=False,
-                            autotune_space={"partition_bytes": "1KiB:64KiB", "credit_bytes": "4KiB:256KiB"},
-                            policy_options={"partition_bytes": "4KiB", "credit_bytes": "16KiB"}, **ps)
+                            autotune=True, autotune_trials=6, autotune_seed=7, fallback=False, **given, **ps)
 report = None
 if opt is not None:
     train(model, opt)

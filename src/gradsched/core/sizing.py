@@ -44,7 +44,7 @@ import math
 
 KiB, MiB = 1 << 10, 1 << 20
 
-BALANCE = 1.0  # per-message cost against the wait behind a slice (see the module docstring)
+BALANCE = 3.0  # per-message cost against the wait behind a slice (see the module docstring)
 CREDIT_SLICES = 3  # the window, in slices
 MIN_PARTITION = 256 * KiB  # below this, a slice's bookkeeping costs more than its urgency saves
 MAX_PARTITION = 64 * MiB
