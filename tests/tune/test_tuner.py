@@ -99,7 +99,6 @@ def test_offline_tuning_never_reports_worse_than_the_default_nor_beats_the_bound
     # the starting options are the sizes bytescheduler derives from this cluster's link
     derived = partition_for(table.gradient_bytes, cluster.phase_seconds_per_byte, 0.0, cluster.latency_s)
     assert result.default["options"] == {"partition_bytes": derived, "credit_bytes": credit_for(derived)}
-    assert MiB < derived < 2 * MiB  # 102 MB of gradients, 50 us latency, 1.5 ns per payload byte
     assert result.default["iteration_s"] == pytest.approx(simulate_options(table, cluster, "bytescheduler",
                                                                            result.default["options"]))
     assert result.best["iteration_s"] == min(h["iteration_s"] for h in result.history)  # trial 0 included

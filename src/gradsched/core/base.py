@@ -186,6 +186,11 @@ class PolicyConfig:
         it is; the simulator and the plan maker call this before :meth:`build`."""
         return self
 
+    @property
+    def derived(self) -> bool:
+        """Whether an option is still to be derived from the link (:meth:`for_link`)."""
+        return False
+
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.name, **dataclasses.asdict(self)}
 

@@ -12,26 +12,30 @@ per-message cost of ``c`` seconds and ``s`` seconds per payload byte, the two ba
 (``c / s`` is the per-message cost in bytes of link time). ``c`` is the larger of the
 link's per-message overhead and half its latency.
 
-The window holds three slices. Measured on the emulated cluster (gloo over TCP, 2 ranks,
-time-dilated K=3, the Transformer at batch 96, 5 Gbit/s: ``docs/bench.md``), the same
-slices ran 631 ms per iteration in a window of one and a half slices, 585 in two and 580
-in three (slices of half the size), against 564 for ``prophet``: a large slice alone on the
-link leaves it idle between the phases of its all-reduce, which the next slice in the
-window fills. With parameter servers three slices also let one slice's pull overlap the
-next one's push (with one and a half, ResNet-152 on 4 workers ran 1.48x slower in the
-simulator).
+The window holds three slices. Both constants were chosen by measurement on the emulated
+cluster (gloo over TCP, 2 ranks, time-dilated K=3, at the balance points; ``docs/bench.md``,
+"bytescheduler's derived sizes"), where the simulator's model of the link is too kind to
+small and lone slices:
 
-``BALANCE`` and the window were chosen in the simulator over ResNet-50, VGG-16 and the
-Transformer at batches 32, 64 and 96, on 2 to 16 workers, per-message costs of 0 to 0.5 ms
-and latencies of 20 us to 1 ms (27 settings, ``benchmarks/bytescheduler_sizes.py``), among
-the windows the measurement allows: there the derived sizes put ``bytescheduler`` at most
-1.1% behind ``prophet`` and 2.6% ahead on average, where the fixed 4 MiB slices and 16 MiB
-window of the original were up to 12.5% behind. The result is rounded to a quarter of an
-octave, so a drifting estimate does not re-cut the slices at every re-plan.
+* a large slice alone on the link leaves it idle between the phases of its all-reduce, which
+  the next slice in the window fills: the Transformer at batch 96 ran 631 ms per iteration
+  with a window of one and a half slices of 9.5 MiB, 585 with two, 589 with three of 8 MiB
+  (prophet 564-580), VGG-16 1028 ms with one and a half slices of 13.5 MiB, 878 with three
+  of 8 MiB (prophet 823-847), though the simulator finds one and a half the better window;
+* each message costs the runtime more than the link's measured per-message overhead: at
+  ``BALANCE`` = 1 (2.4 MiB slices) ResNet-50 at batch 96 ran 339 ms, at 3 (4 MiB) 286-299
+  (prophet 287-289).
+
+With parameter servers three slices also let one slice's pull overlap the next one's push
+(with one and a half, ResNet-152 on 4 workers ran 1.48x slower in the simulator). In the
+simulator (``benchmarks/bytescheduler_sizes.py``: ResNet-50, VGG-16 and the Transformer at
+batches 32-96 on 2-16 workers, 27 settings) these sizes are at most 6.6% behind ``prophet``
+and even with it on average; the result is rounded to a quarter of an octave, so a drifting
+estimate does not re-cut the slices at every re-plan.
 
 >>> mib = 1 << 20
->>> partition_for(100_000_000, seconds_per_byte=2.5e-9, overhead_s=110e-6, latency_s=200e-6) / mib
-2.0
+>>> round(partition_for(100_000_000, seconds_per_byte=2.5e-9, overhead_s=110e-6, latency_s=200e-6) / mib, 2)
+3.36
 >>> credit_for(2 * mib) / mib
 6.0
 >>> partition_for(100_000_000, seconds_per_byte=0.0, overhead_s=0.0, latency_s=0.0) / mib  # nothing measured
@@ -47,7 +51,7 @@ KiB, MiB = 1 << 10, 1 << 20
 BALANCE = 3.0  # per-message cost against the wait behind a slice (see the module docstring)
 CREDIT_SLICES = 3  # the window, in slices
 MIN_PARTITION = 256 * KiB  # below this, a slice's bookkeeping costs more than its urgency saves
-MAX_PARTITION = 64 * MiB
+MAX_PARTITION = 8 * MiB  # above this, urgent slices wait behind the window longer than the messages saved
 UNMEASURED_PARTITION = 4 * MiB  # before anything is measured (the original's fixed size)
 
 

@@ -44,7 +44,7 @@ class ByteSchedulerConfig(PolicyConfig):
     def __post_init__(self) -> None:
         for option in ("partition_bytes", "credit_bytes"):
             value = getattr(self, option)
-            require(value is None or (isinstance(value, int) and value >= 1),
+            require(value is None or (isinstance(value, (int, float)) and value >= 1),
                     f"bytescheduler: {option} must be a size >= 1 byte or None (derived), got {value!r}")
         if self.partition_bytes is not None and self.credit_bytes is not None:
             require(

@@ -37,7 +37,6 @@ from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
 from gradsched.models.table import ModelTable
 from gradsched.sim import default_ready_times, paced_ready_times, make_plan
-from gradsched.sim.plan_maker import DEFAULT_LATENCY_S, DEFAULT_SECONDS_PER_BYTE
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.files import problem_writing
 from gradsched.runtime.errors import GradschedError, failing_rank
@@ -58,7 +57,8 @@ def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str,
     """The plan before anything is measured: gradients guessed ready in reverse order (under a
     memory budget, at the link's pace: sent as they come, nothing reordered to hold them)."""
     ready = default_ready_times(tensors) if hold_bytes is None else paced_ready_times(tensors)
-    return make_plan(tensors, ready, policy, arch=arch, hold_bytes=hold_bytes)
+    unmeasured = policy.for_link(sum(t.nbytes for t in tensors), 0.0, 0.0, 0.0)  # sizes for a link not yet measured
+    return make_plan(tensors, ready, unmeasured, arch=arch, hold_bytes=hold_bytes)
 
 
 class Planner:
@@ -111,7 +111,7 @@ class Planner:
 
             space = default_space(self.policy.name, self.config.autotune_space)
             # the user's options, with those the policy derives from the link as it derives them now
-            own = self.policy.for_link(sum(t.nbytes for t in self.tensors), *(link or self._probed_link()))
+            own = self._sized(self.policy)
             start = {d.option: getattr(own, d.option) for d in space.dimensions}
             # sizes stay within 8x of the starting ones unless the user gave their own ranges
             space = around(space, start, keep=tuple(self.config.autotune_space or ()))
@@ -119,12 +119,20 @@ class Planner:
         return ArmsExperiment(kinds, tuner.default_options if tuner else {}, self.config.fallback_gain, tuner,
                               extra_pairs=self.config.trial_extra_pairs)
 
-    def _probed_link(self) -> tuple[float, float, float]:
-        """(latency, seconds per byte, per-message overhead) of the link probed before the trial,
-        the plan maker's defaults where it was not probed."""
-        if self.link is None or not self.link.seconds_per_byte > 0:
-            return DEFAULT_LATENCY_S, DEFAULT_SECONDS_PER_BYTE, 0.0
-        return self.architecture.link(self.link.latency_s, self.link.seconds_per_byte, self.link.overhead_s)
+    def _sized(self, policy: PolicyConfig) -> PolicyConfig:
+        """``policy`` with the sizes it derives from the link derived (see ``PolicyConfig.for_link``):
+        from the link probed before the trial; else from the estimate of the messages timed so
+        far where it tells per-message from per-byte costs; else as for a link not yet measured.
+        (With every message about one size the estimate puts all the cost per byte, and a
+        per-message cost of 0 would cut the slices to the smallest.)"""
+        total = sum(t.nbytes for t in self.tensors)
+        if self.link is not None and self.link.seconds_per_byte > 0:
+            return policy.for_link(total, *self.architecture.link(self.link.latency_s, self.link.seconds_per_byte,
+                                                                  self.link.overhead_s))
+        link = self.predictor.estimated_link()
+        if link and self.exchange.estimator.separable:
+            return policy.for_link(total, *link)
+        return policy.for_link(total, 0.0, 0.0, 0.0)
 
     @property
     def settled_round(self) -> int:
@@ -161,7 +169,8 @@ class Planner:
         if point.stage in (Stage.ARM, Stage.DECIDE):
             self.clock.fence()  # what the arm before queued on the device runs before the next is timed
         first_arm = point == ControlPoint(Stage.ARM, 0)
-        if first_arm and self.config.fallback and self.link is None and self.architecture.predicts_trial:
+        probing = (self.config.fallback and self.architecture.predicts_trial) or self.policy.derived  # every rank alike
+        if first_arm and probing and self.link is None:
             if self.settle:
                 self.settle()
             with failing_rank("measuring the link", self.exchange.explain):
@@ -274,7 +283,7 @@ class Planner:
             policy, plan = self.chosen, decision and decision.plan
         else:
             policy, plan = self.chosen, None
-        plan = plan or make_plan(self.tensors, ready, policy, *link, arch=self.architecture.link_model,
+        plan = plan or make_plan(self.tensors, ready, self._sized(policy), *link, arch=self.architecture.link_model,
                                  servers=max(1, self.architecture.servers),
                                  hold_bytes=message_hold(self.exchange.hold_bytes))
         if arm is not None:
