@@ -153,8 +153,8 @@ def tuning_summary(labelled: list[tuple[str, dict]]) -> str:
     return "\n".join(tables[0][:2] + [line for t in tables for line in t[2:]]) + "\n" if tables else ""
 
 # The README's headline: (label, JSON under docs/figures, the baseline, the suffix of the scheduled policies' rows)
-HEADLINE = (("ResNet-50, 2 workers", "bench-k3-resnet50", "ddp", ""),
-            ("Transformer, 2 workers", "bench-k3-transformer", "ddp", ""),
+HEADLINE = (("ResNet-50, 2 workers", "bench-bs-derived-resnet50-b96-k3", "ddp", ""),
+            ("Transformer, 2 workers", "bench-bs-derived-transformer-b96-k3", "ddp", ""),
             ("VGG-16, 2 workers", "bench-k3-vgg16-balance", "ddp", ""),
             ("ResNet-50, 2 workers + 2 servers", "bench-k3-ps-resnet50", "fifo", ""),
             ("ResNet-50, 2 workers, sharded (1/2 the optimizer state)", "bench-sharded-resnet50-k3", "ddp-zero",

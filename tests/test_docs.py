@@ -29,7 +29,7 @@ PROSE_ONLY = {"bench-mtu1500-resnet50", "bench-mtu65000-resnet50", "bench-sharde
               # shown otherwise: the README's demo sentence, the online tuning summary (each checked below)
               "demo-resnet50-k3", "tune-online-resnet50", "tune-online-resnet50-poor-start", "tune-online-transformer"}
 # runs that led to bytescheduler's derived sizes, each named in docs/bench.md's prose by its figure
-PROSE_ONLY_RUNS = ("bench-bs-window15-*", "bench-bs-k1-*", "bench-bs-fixed-*")
+PROSE_ONLY_RUNS = ("bench-bs-window15-*", "bench-bs-k1-*", "bench-bs-fixed-*", "bench-bs-estimate-*", "bench-bs-noisy-*")
 
 
 def prose_only(name: str) -> bool:
@@ -162,6 +162,12 @@ def test_the_simulators_figures_are_what_their_json_prints():
     grid = figure("sim-policy-grid")
     summary = script("policy_grid").summary(grid["cases"], grid["policy"])
     assert "\n".join("  " + line for line in summary.splitlines()) in page
+
+
+def test_the_bytescheduler_sizes_summary_is_what_its_json_prints():
+    rows = figure("sim-bytescheduler-sizes")["rows"]
+    summary = script("bytescheduler_sizes").table(rows).splitlines()[-1]
+    assert summary in PAGES["docs/policies.md"]
 
 
 def test_the_simulate_example_is_what_the_command_prints():

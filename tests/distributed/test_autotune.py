@@ -59,22 +59,25 @@ def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, s
         assert tuning["best_s"] < tuning["default_s"] * (1 - 0.02)
 
 
-def test_online_autotune_starts_from_the_sizes_bytescheduler_derives(tmp_path):
+@pytest.mark.parametrize("world,servers", [(2, 0), pytest.param(3, 1, marks=pytest.mark.slow)])
+def test_online_autotune_starts_from_the_sizes_bytescheduler_derives(tmp_path, world, servers):
     """No sizes given: the tuner's first candidate is what bytescheduler derives from the link
     it measured (a window of three slices, the slice on its quarter-octave grid), every rank
-    tunes the same way, and the parameters still equal DDP's."""
+    tunes the same way, and the parameters still equal DDP's; with parameter servers too,
+    where the link is not probed."""
     import math
 
     from gradsched.core.sizing import CREDIT_SLICES, MAX_PARTITION, MIN_PARTITION
 
     out = tmp_path / "out.json"
-    results = run_ranks("autotune", 2, str(out), "--derived", timeout=180)
+    results = run_ranks("autotune", world, str(out), "--derived", "--servers", str(servers), timeout=180)
     for r in results:
         assert r.returncode == 0, r.stderr[-4000:]
     reports = json.loads(out.read_text())
     for report in reports:
         assert report["max_abs_diff"] <= 1e-5 and report["moved"] > 1e-2, report
-    assert reports[1]["autotune"] == reports[0]["autotune"]
+    assert len(reports) == world - servers
+    assert all(report["autotune"] == reports[0]["autotune"] for report in reports)
     start = reports[0]["autotune"]["history"][0]
     assert start["default"]
     partition = start["options"]["partition_bytes"]

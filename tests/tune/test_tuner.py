@@ -111,7 +111,8 @@ def test_offline_tuning_finds_what_a_grid_finds_where_the_default_is_off():
     """Transformer, 16 workers, 25 Gbit/s: ByteScheduler's own sizes (4 MiB slices, a 16 MiB
     window) run 4% slower than the best of a 3x3 grid of partition and credit sizes; 8 tuner
     trials started from them find the grid's best (within 1%). The sizes bytescheduler derives
-    from the link by default are 2.5% off the grid's best here; from them too the tuner finds it."""
+    from the link by default (chosen on the emulated cluster) are 4-5% off the grid's best in
+    the simulator here; from them too the tuner finds it."""
     table = model_table("transformer", batch=32)
     cluster = Cluster(16, bandwidth_bps=25e9)
     space = default_space("bytescheduler")
@@ -121,7 +122,7 @@ def test_offline_tuning_finds_what_a_grid_finds_where_the_default_is_off():
     assert result.default["iteration_s"] > grid * 1.03  # there was something to find
     assert result.best["iteration_s"] <= grid * 1.01
     derived = tune_offline(table, cluster, space, trials=8, seed=0)
-    assert grid * 1.02 < derived.default["iteration_s"] < result.default["iteration_s"]
+    assert derived.default["iteration_s"] > grid * 1.02  # the derived sizes are off here too (in the simulator)
     assert derived.best["iteration_s"] <= grid * 1.01
 
 

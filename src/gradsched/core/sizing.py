@@ -12,26 +12,26 @@ per-message cost of ``c`` seconds and ``s`` seconds per payload byte, the two ba
 (``c / s`` is the per-message cost in bytes of link time). ``c`` is the larger of the
 link's per-message overhead and half its latency.
 
-The window holds three slices. Both constants were chosen by measurement on the emulated
-cluster (gloo over TCP, 2 ranks, time-dilated K=3, at the balance points; ``docs/bench.md``,
-"bytescheduler's derived sizes"), where the simulator's model of the link is too kind to
-small and lone slices:
+The slice is at most 8 MiB and the window holds three slices. These constants were chosen by
+measurement on the emulated cluster (gloo over TCP, 2 ranks, time-dilated K=3, at the
+balance points; ``docs/bench.md``, "bytescheduler's derived sizes"), where the simulator's
+link is too kind to small slices, to lone slices and to large windows:
 
 * a large slice alone on the link leaves it idle between the phases of its all-reduce, which
   the next slice in the window fills: the Transformer at batch 96 ran 631 ms per iteration
   with a window of one and a half slices of 9.5 MiB, 585 with two, 589 with three of 8 MiB
-  (prophet 564-580), VGG-16 1028 ms with one and a half slices of 13.5 MiB, 878 with three
-  of 8 MiB (prophet 823-847), though the simulator finds one and a half the better window;
-* each message costs the runtime more than the link's measured per-message overhead: at
-  ``BALANCE`` = 1 (2.4 MiB slices) ResNet-50 at batch 96 ran 339 ms, at 3 (4 MiB) 286-299
-  (prophet 287-289).
+  (prophet 564-580), though the simulator finds one and a half the better window;
+* each message costs the runtime more than the link's measured per-message overhead: with
+  ``BALANCE`` = 1 (2.4 MiB slices) ResNet-50 at batch 96 ran 339 ms, with 3 (4 MiB) 286-299
+  (prophet 285-289);
+* a window of large slices keeps the urgent gradients of the next forward pass waiting:
+  VGG-16 at batch 96 ran 938 ms with three slices of 13.5 MiB, 878 with three of 8 MiB
+  (prophet 820-847).
 
-With parameter servers three slices also let one slice's pull overlap the next one's push
-(with one and a half, ResNet-152 on 4 workers ran 1.48x slower in the simulator). In the
-simulator (``benchmarks/bytescheduler_sizes.py``: ResNet-50, VGG-16 and the Transformer at
-batches 32-96 on 2-16 workers, 27 settings) these sizes are at most 6.6% behind ``prophet``
-and even with it on average; the result is rounded to a quarter of an octave, so a drifting
-estimate does not re-cut the slices at every re-plan.
+With parameter servers three slices also let one slice's pull overlap the next one's push.
+The result is rounded to a quarter of an octave, so a drifting estimate does not re-cut the
+slices at every re-plan. ``benchmarks/bytescheduler_sizes.py`` compares these sizes with the
+original's in the simulator.
 
 >>> mib = 1 << 20
 >>> round(partition_for(100_000_000, seconds_per_byte=2.5e-9, overhead_s=110e-6, latency_s=200e-6) / mib, 2)

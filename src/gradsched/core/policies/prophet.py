@@ -20,8 +20,8 @@ The deadline, by ``horizon``:
   that arrives within a slice's time saves the urgent gradients less than the idle link
   costs (with the floor at 0, as in the original, prophet ran up to 5.7% behind
   bytescheduler in the simulator; with it, it was never more than 1% behind the better of
-  fifo and bytescheduler with its fixed sizes over ``benchmarks/policy_grid.py``'s 150
-  settings, and at most 1.9% behind bytescheduler with the sizes it derives from the link).
+  fifo and bytescheduler over ``benchmarks/policy_grid.py``'s 150 settings, with
+  bytescheduler's fixed sizes as with the sizes it derives from the link).
 
 Beyond the original in both modes: bytes in flight are subtracted from every budget (the
 original ignored them); the link estimate (latency and bandwidth) is measured online from

@@ -169,7 +169,9 @@ class Planner:
         if point.stage in (Stage.ARM, Stage.DECIDE):
             self.clock.fence()  # what the arm before queued on the device runs before the next is timed
         first_arm = point == ControlPoint(Stage.ARM, 0)
-        probing = (self.config.fallback and self.architecture.predicts_trial) or self.policy.derived  # every rank alike
+        # the link is probed where the simulator models it (all-reduce), for the trial's prediction
+        # or for the sizes a policy derives from it; the same on every rank
+        probing = self.architecture.predicts_trial and (self.config.fallback or self.policy.derived)
         if first_arm and probing and self.link is None:
             if self.settle:
                 self.settle()
