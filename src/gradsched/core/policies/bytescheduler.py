@@ -29,14 +29,13 @@ from ..partitioning import FixedSize
 from ..sizing import credit_for, partition_for
 
 
-
 @dataclass(frozen=True)
 class ByteSchedulerConfig(PolicyConfig):
     """Priority + partition + credit (ByteScheduler, SOSP'19)."""
 
     name: ClassVar[str] = "bytescheduler"
     partition_bytes: int | None = None  # slice size (None: derived from the link and the model, see for_link)
-    credit_bytes: int | None = None  # bytes in flight at most (None: one and a half slices)
+    credit_bytes: int | None = None  # bytes in flight at most (None: three slices, see for_link)
     fuse_bytes: int = 0  # fuse consecutive slices up to this size (0: as the original, at least with amortise=0)
     amortise: float = AMORTISE  # small messages wait (fused with the next) while the link is busy, until each
     #   carries this many times the link's measured per-message cost (0: the original, every slice alone)

@@ -103,7 +103,7 @@ class Planner:
         self._starts: dict[int, RoundTiming] = {}  # round -> its timing (the forward start before its backward)
         self._done: set[int] = set()
 
-    def _experiment(self, kinds: Sequence[ArmKind], link: tuple[float, float, float] | tuple[()]) -> ArmsExperiment:
+    def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
         if ArmKind.CANDIDATE in kinds:
             from gradsched.tune import Tuner, default_space
@@ -271,7 +271,7 @@ class Planner:
         if point.stage == Stage.DECIDE or (point.stage == Stage.ARM and point.index > 0):
             self._close_arm()
         if self.experiment is None and self._kinds and point.stage != Stage.REPLAN:
-            self.experiment = self._experiment(self._kinds, link)
+            self.experiment = self._experiment(self._kinds)
         more = int(point.stage == Stage.DECIDE and self.experiment.more())  # the pairs cannot tell: a pair more
         if point.stage == Stage.ARM or more:
             with torch.enable_grad():  # the GP sampler fits its model with autograd (step() runs under no_grad)
