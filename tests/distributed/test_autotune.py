@@ -83,4 +83,4 @@ def test_online_autotune_starts_from_the_sizes_bytescheduler_derives(tmp_path, w
     partition = start["options"]["partition_bytes"]
     assert start["options"]["credit_bytes"] == CREDIT_SLICES * partition
     assert MIN_PARTITION <= partition <= MAX_PARTITION
-    assert 4 * math.log2(partition) == pytest.approx(round(4 * math.log2(partition)), abs=1e-6)
+    assert 4 * math.log2(partition) == pytest.approx(round(4 * math.log2(partition)), abs=1e-3)  # whole bytes
