@@ -59,7 +59,8 @@ def test_online_autotune_switches_together_and_keeps_the_best(tmp_path, world, s
         assert tuning["best_s"] < tuning["default_s"] * (1 - 0.02)
 
 
-@pytest.mark.parametrize("world,servers", [(2, 0), pytest.param(3, 1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test stays under ten minutes; run with -m "slow or not slow"
+@pytest.mark.parametrize("world,servers", [(2, 0), (3, 1)])
 def test_online_autotune_starts_from_the_sizes_bytescheduler_derives(tmp_path, world, servers):
     """No sizes given: the tuner's first candidate is what bytescheduler derives from the link
     it measured (a window of three slices, the slice on its quarter-octave grid), every rank
