@@ -54,7 +54,5 @@ def scaled(table: ModelTable, compute_s: float) -> ModelTable:
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
     policy's own warm-up (Prophet's profiling)."""
-    resolved = policy.for_link(table.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
-                               cluster.overhead_s)
-    rounds = resolved.build().warmup_iterations + iterations
+    rounds = policy.build().warmup_iterations + iterations  # simulate() derives the sizes from the cluster
     return simulate(table, cluster, policy, iterations=rounds, record=False).iteration_s

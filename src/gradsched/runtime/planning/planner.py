@@ -71,6 +71,7 @@ class Planner:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
+        self.total_bytes = sum(t.nbytes for t in self.tensors)  # what sizes derived from the link follow
         self.device = params[0].device
         self.policy = policy
         self.config = config
@@ -125,7 +126,7 @@ class Planner:
         far where it tells per-message from per-byte costs; else as for a link not yet measured.
         (With every message about one size the estimate puts all the cost per byte, and a
         per-message cost of 0 would cut the slices to the smallest.)"""
-        total = sum(t.nbytes for t in self.tensors)
+        total = self.total_bytes
         if self.link is not None and self.link.seconds_per_byte > 0:
             return policy.for_link(total, *self.architecture.link(self.link.latency_s, self.link.seconds_per_byte,
                                                                   self.link.overhead_s))
