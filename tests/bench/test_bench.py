@@ -142,6 +142,7 @@ def test_smoke_run_two_workers(tmp_path):
         assert row["bandwidth_gbps"] == 1.0 and row["iteration_s"] > 0
         assert row["iteration_s"] >= 0.8 * row["bound_s"]  # nothing beats the link by much
     assert results["prophet"]["predicted_s"] > 0 and results["ddp"]["predicted_s"] is None
+    assert results["prophet"]["plan_options"]["fuse_bytes"] == 2 << 20  # what its plan was made with
     setting = data["settings"][0]
     # 2.1M parameters over a 1 Gbit/s link take about 68 ms; compute is 40 ms of waits
     assert 0.05 < setting["comm_s"] < 0.15 and 0.035 < setting["compute_s"] < 0.2

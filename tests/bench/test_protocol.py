@@ -49,3 +49,14 @@ def test_the_payload_round_trips():
     assert sent.runs[1] == Run("ddp", clip=1.0) and sent.dilation == 3.0 and sent.servers == 0
     assert sent.options == {"prophet": config.policy_options("prophet")}
     assert WorkerConfig.from_json(sent.to_json()) == sent
+
+
+def test_the_report_names_the_sizes_a_policy_derived():
+    """The text report's plan column: the options a policy derives from the link (its
+    defaults None), as the plan in use had them; nothing for a policy with fixed sizes."""
+    from gradsched.bench.report import _derived
+
+    options = {"amortise": 9.0, "credit_bytes": 12 << 20, "fuse_bytes": 0, "partition_bytes": 4 << 20}
+    assert _derived("bytescheduler", options) == {"credit_bytes": 12 << 20, "partition_bytes": 4 << 20}
+    assert _derived("prophet", {"partition_bytes": 1 << 18, "credit_bytes": 16 << 20}) == {}
+    assert _derived("bytescheduler", None) == {} and _derived("buckets 25 MB", options) == {}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from workers.launch import free_port, run_ranks
+from workers.train_compare import SMALL
 
 TOLERANCE = 1e-5
 
@@ -44,6 +45,8 @@ def test_every_policy_and_optimizer_matches_ddp_on_two_ranks(tmp_path):
         assert result["moved"] > 1e-2, case  # training did happen
         assert result["plans_adopted"] >= 3, case  # plans measured and replaced during the run
         assert result["plan_policy"] == case.split("/")[0], case  # the policy's own plans were used
+        options = SMALL[result["plan_policy"]]  # ... with the options asked for, as the stats report them
+        assert {k: result["plan_options"][k] for k in options} == options, case
         assert all(r[case]["checksum"] == result["checksum"] for r in ranks), case
 
 

@@ -50,6 +50,21 @@ def train(model, opt, scheduler=None, data=None):
             scheduler.step()
 
 
+def test_stats_report_the_sizes_bytescheduler_derived(world_of_one):
+    """One rank probes no link: the plans take the sizes for a link not yet measured, then,
+    once the estimate of the timed messages tells per-message from per-byte cost, those it
+    derives (for a model of a few KiB, the least slice); the stats say which."""
+    from gradsched.core.sizing import CREDIT_SLICES, MIN_PARTITION, UNMEASURED_PARTITION
+
+    model = net()
+    model, wrapped = gradsched.wrap(model, make_opt("sgd", model), "bytescheduler", profile_rounds=2, replan_every=2)
+    train(model, wrapped)
+    options = wrapped.stats.plan_options
+    assert options["partition_bytes"] in (MIN_PARTITION, UNMEASURED_PARTITION), options
+    assert options["credit_bytes"] == CREDIT_SLICES * options["partition_bytes"]
+    wrapped.close()
+
+
 @pytest.mark.parametrize("policy", list(SMALL))
 @pytest.mark.parametrize("kind", ["sgd", "adamw", "adagrad"])
 def test_updates_equal_plain_training(world_of_one, policy, kind):
@@ -64,6 +79,8 @@ def test_updates_equal_plain_training(world_of_one, policy, kind):
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert wrapped.stats.rounds == 7 and wrapped.stats.plans_adopted >= 2
+    options = wrapped.stats.plan_options  # the plan in use reports what it was made with
+    assert options and all(options[k] == v for k, v in SMALL[policy].items()), options
     wrapped.close()
 
 

@@ -18,7 +18,8 @@ from gradsched.runtime.comm.wire_format import PlanUpdate, Proposal, RankChecks,
 PLAN = Plan("bytescheduler", True, (
     PlannedMessage((("b.w", 0, 10), ("b.b", 0, 2)), 48, "b.w", None, 0.0, 1.5),
     PlannedMessage((("a.w", 0, 7),), 28, None, 0, 1.5, 2.0, after_sent=True),
-), span_s=2.0)
+), span_s=2.0, options=(("amortise", 9.0), ("credit_bytes", 12 << 20), ("fuse_bytes", 0),
+                      ("partition_bytes", 4 << 20)))
 PROPOSAL = Proposal(PLAN, Prediction(0.1, 1e-4, 2e-5, 0.2, 0.21, 0.25, separable=False, use_fifo=True),
                     TrialReport(0.2, 0.19, True),
                     TuningReport({"partition_bytes": 1 << 20, "credit_bytes": 4 << 20}, 0.2, math.inf, None,

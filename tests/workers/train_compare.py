@@ -147,7 +147,7 @@ def main() -> None:
             stats = opt.stats.as_dict()
             opt.close()
             report[f"{policy}/{kind}"] = {**measured, **{k: stats[k] for k in ("plans_adopted", "rounds", "plan_policy",
-                                                                               "prediction", "trial")}}
+                                                                               "plan_options", "prediction", "trial")}}
     # every rank must hold identical parameters too
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.policies import is_buckets
+from ..core.policies import POLICIES, is_buckets
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
 from .config import BenchConfig
@@ -109,12 +109,22 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
             gain = row.speedup(config.reference)
             speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.plan
-            tuned = (row.report.autotune or {}).get("best_options")
-            if tuned and not is_buckets(plan):
+            shown = (row.report.autotune or {}).get("best_options") or _derived(plan, row.report.plan_options)
+            if shown and not is_buckets(plan):
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
-                                         for k, v in tuned.items()) + ")"
+                                         for k, v in shown.items()) + ")"
             lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
                          f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4} "
                          f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _derived(policy: str, options: dict | None) -> dict:
+    """Of a plan's ``options``, those its policy derives from the link by default (its
+    defaults left as None): what the run chose for them."""
+    defaults = POLICIES.get(policy)
+    if defaults is None or not options:
+        return {}
+    return {k: v for k, v in options.items() if k in defaults.__dataclass_fields__
+            and getattr(defaults(), k) is None and v is not None}

@@ -20,6 +20,7 @@ class RunReport:
 
     times: list[float]
     plan: str | None = None  # gradsched: the policy of the plan it ended on
+    plan_options: dict | None = None  # ... and its options (the sizes derived from the link included)
     prediction: dict | None = None  # gradsched's optimizer.stats, as a dict: the trial's prediction,
     trial: dict | None = None  # the measured trial,
     autotune: dict | None = None  # the online tuner's report

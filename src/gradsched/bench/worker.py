@@ -209,7 +209,8 @@ class _Rank:
         state = optimizer_state_bytes(opt)
         self.memory.stop()  # the run's peak: before close(), which may gather parameters whole again
         opt.close()
-        return {"times": times, "plan": stats["plan_policy"], "prediction": stats["prediction"],
+        return {"times": times, "plan": stats["plan_policy"], "plan_options": stats["plan_options"],
+                "prediction": stats["prediction"],
                 "trial": stats["trial"], "autotune": stats["autotune"], "optimizer_state_bytes": state}
 
     def _buckets(self) -> tuple[list[int], int]:

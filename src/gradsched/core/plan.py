@@ -25,7 +25,7 @@ ValueError: plan covers 10 of 20 elements of 'w0'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 from .task import TensorSpec
 
@@ -34,6 +34,9 @@ from .task import TensorSpec
 #: many bytes (:mod:`gradsched.runtime.architectures.servers.pushpull`): the pull of a large message starts once its
 #: first pieces are in, and the simulator's push-then-pull network models that.
 PS_PIECE_BYTES = 1 << 20
+
+#: a policy option's value as a plan records it (every policy's options are plain scalars)
+Option = Union[int, float, bool, str, None]
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class Plan:
     cross_barrier: bool  # next forward of a layer waits only for that layer's update
     messages: tuple[PlannedMessage, ...]
     span_s: float  # predicted time from the first ready gradient to the last completion
+    options: tuple[tuple[str, Option], ...] = ()  # the policy's options it was made with, sorted by name
+    #   (the sizes it derived from the link included); reported, never followed
 
     def same_schedule(self, other: Plan) -> bool:
         """Whether following ``other`` launches exactly what this plan launches."""

@@ -16,6 +16,7 @@ simulator: what the simulator predicts for a policy is what the runtime's plans 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Sequence
 
 from ..core import Scheduler
@@ -108,7 +109,8 @@ def make_plan(
             loop.schedule(origin + ready[name] - first, Kind.READY, name)
         loop.run(handle)
     span = max((m.finish_s for m in recorder.planned), default=0.0)
-    plan = Plan(policy.name, engine.policy.cross_barrier, tuple(recorder.planned), span)
+    options = tuple(sorted(dataclasses.asdict(policy).items()))
+    plan = Plan(policy.name, engine.policy.cross_barrier, tuple(recorder.planned), span, options)
     plan.check(tensors)
     return plan
 

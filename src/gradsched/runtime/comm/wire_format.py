@@ -37,7 +37,7 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.diagnostics.stats import Prediction
 
 FORMAT = "gradsched"
-VERSION = 2  # raise on any change to an envelope or a body type
+VERSION = 3  # raise on any change to an envelope or a body type
 
 
 class WireFormatError(GradschedError):

@@ -53,6 +53,8 @@ class RunStats:
     exposed_s: float | None = None  # of it, the training thread's waits for communication (forward pre-hooks,
     #   step(), reads of a gradient on the wire, clipping)
     exposed_share: float | None = None  # exposed_s / iteration_s, per iteration
+    plan_options: dict[str, Any] = field(default_factory=dict)  # the options of plan_policy's plan in use,
+    #   the sizes it derived from the link included (bytescheduler's slice and window)
 
     @property
     def trial_gain(self) -> float | None:

@@ -254,7 +254,8 @@ class Coordinator:
         exposure = self.exposure.summary() or (None, None, None)
         return RunStats(self.policy.name, self.round, len(plan.messages), exchange.plans_adopted,
                         est.latency, est.bytes_per_second, plan.policy, planner.settled_round, planner.prediction,
-                        planner.trial, planner.tuning, list(planner.switches), self.handed_off_round, *exposure)
+                        planner.trial, planner.tuning, list(planner.switches), self.handed_off_round, *exposure,
+                        plan_options=dict(plan.options))
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker: under way on
