@@ -9,32 +9,45 @@ import math
 import pytest
 
 from gradsched.core import TensorSpec, policy_config
-from gradsched.core.sizing import (BALANCE, CREDIT_SLICES, MAX_PARTITION, MIN_PARTITION, UNMEASURED_PARTITION, credit_for,
-                                   partition_for)
+from gradsched.core.sizing import (BALANCE, CREDIT_SLICES, MAX_PARTITION, MIN_PARTITION, UNMEASURED_PARTITION, WINDOW_SHARE,
+                                   credit_for, partition_for)
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
 def test_the_slice_follows_the_square_root_of_bytes_times_per_message_cost():
-    base = partition_for(100_000_000, 2.5e-9, 110e-6, 0.0)
-    assert base == int(2 ** 21.75)  # sqrt(3 x 1e8 bytes x 44 000 bytes of link time per message): 2^21.79
-    twice = pytest.approx(2 * base, abs=2)
-    assert partition_for(400_000_000, 2.5e-9, 110e-6, 0.0) == twice  # four times the bytes: twice the slice
-    assert partition_for(100_000_000, 2.5e-9, 440e-6, 0.0) == twice  # four times the cost: twice the slice
-    assert partition_for(100_000_000, 10e-9, 440e-6, 0.0) == base  # the cost counts in bytes of link time
+    base = partition_for(400_000_000, 2.5e-9, 10e-6, 0.0)
+    assert base == 2 * MiB  # sqrt(3 x 4e8 bytes x 4000 bytes of link time per message): 2^21.06
+    assert partition_for(1_600_000_000, 2.5e-9, 10e-6, 0.0) == 4 * MiB  # four times the bytes: twice the slice
+    assert partition_for(400_000_000, 2.5e-9, 40e-6, 0.0) == 4 * MiB  # four times the cost: twice the slice
+    assert partition_for(400_000_000, 10e-9, 40e-6, 0.0) == base  # the cost counts in bytes of link time
     # half the latency counts where it is larger than the overhead; the overhead where it is
-    assert partition_for(100_000_000, 2.5e-9, 0.0, 880e-6) == twice
-    assert partition_for(100_000_000, 2.5e-9, 440e-6, 100e-6) == twice
+    assert partition_for(400_000_000, 2.5e-9, 0.0, 80e-6) == 4 * MiB
+    assert partition_for(400_000_000, 2.5e-9, 40e-6, 10e-6) == 4 * MiB
+
+
+def test_the_window_holds_at_most_an_eighth_of_the_model():
+    """However costly a message measures, the most urgent gradient waits behind at most about
+    an eighth of a round's bytes (ResNet-50's 97 MiB: 4 MiB slices in 12 MiB, as measured best)."""
+    for cost in (110e-6, 440e-6, 2e-3):
+        size = partition_for(100_000_000, 2.5e-9, cost, 0.0)
+        exact = min(math.sqrt(BALANCE * 100_000_000 * cost / 2.5e-9), WINDOW_SHARE * 100_000_000 / CREDIT_SLICES)
+        assert 2 ** -0.125 <= size / exact <= 2 ** 0.125
+        assert credit_for(size) <= 2 ** 0.125 * WINDOW_SHARE * 100_000_000  # to the quarter-octave rounding
+    assert partition_for(100_000_000, 2.5e-9, 2e-3, 0.0) == 4 * MiB
+    resnet50 = 102_228_128  # ResNet-50's gradient bytes, at the link cost that derived 6.7 MiB without the share
+    assert partition_for(resnet50, 2.68e-9, 0.43e-3, 0.0) == 4 * MiB
 
 
 def test_the_slice_is_rounded_bounded_and_has_a_default_before_any_measurement():
     for cost in (37e-6, 51e-6, 77e-6, 130e-6, 333e-6):
         size = partition_for(100_000_000, 2.5e-9, cost, 0.0)
         assert 4 * math.log2(size) == pytest.approx(round(4 * math.log2(size)), abs=1e-3)  # a quarter octave, in whole bytes
-        exact = math.sqrt(BALANCE * 100_000_000 * cost / 2.5e-9)
+        exact = min(math.sqrt(BALANCE * 100_000_000 * cost / 2.5e-9), WINDOW_SHARE * 100_000_000 / CREDIT_SLICES)
         assert 2 ** -0.125 <= size / exact <= 2 ** 0.125
     assert partition_for(1_000_000, 1e-9, 1e-6, 0.0) == MIN_PARTITION
     assert partition_for(10**12, 1e-9, 1e-2, 0.0) == MAX_PARTITION
+    assert partition_for(5 * 10**6, 1e-9, 1e-2, 0.0) == MIN_PARTITION  # a small model's eighth is below the least slice
     assert partition_for(100_000_000, 0.0, 0.0, 0.0) == UNMEASURED_PARTITION  # no cost per byte measured yet
     assert partition_for(100_000_000, 1e-9, 0.0, 0.0) == MIN_PARTITION  # a link with no per-message cost at all
     assert credit_for(2 * MiB) == CREDIT_SLICES * 2 * MiB == 6 * MiB
@@ -84,6 +97,8 @@ def test_the_simulator_and_the_plan_maker_derive_from_their_link():
     assert slice_ < 40 * MiB
     assert slice_ - 4 < max(m.nbytes for m in plan.messages) <= slice_  # whole fp32 elements
     assert len(plan.messages) == math.ceil(40 * MiB / slice_)
+    options = dict(plan.options)  # the plan says what it was made with (reported in the run's stats)
+    assert options["partition_bytes"] == slice_ and options["credit_bytes"] == CREDIT_SLICES * slice_
 
 
 def test_the_sizes_measured_best_on_the_emulated_cluster_are_what_its_link_derives():

@@ -10,9 +10,10 @@ per-message cost of ``c`` seconds and ``s`` seconds per payload byte, the two ba
     P = sqrt(BALANCE * G * c / s)
 
 (``c / s`` is the per-message cost in bytes of link time). ``c`` is the larger of the
-link's per-message overhead and half its latency.
-
-The slice is at most 8 MiB and the window holds three slices. These constants were chosen by
+link's per-message overhead and half its latency. The window holds three slices and at most
+an eighth of the model's gradient bytes (``WINDOW_SHARE``): the most urgent gradient waits
+behind at most that share of a round's communication, however costly the link's messages
+measure. The slice is at most 8 MiB. These constants were chosen by
 measurement on the emulated cluster (gloo over TCP, 2 ranks, time-dilated K=3, at the
 balance points; ``docs/bench.md``, "bytescheduler's derived sizes"), where the simulator's
 link is too kind to small slices, to lone slices and to large windows:
@@ -26,7 +27,11 @@ link is too kind to small slices, to lone slices and to large windows:
   (prophet 285-289);
 * a window of large slices keeps the urgent gradients of the next forward pass waiting:
   VGG-16 at batch 96 ran 938 ms with three slices of 13.5 MiB, 878 with three of 8 MiB
-  (prophet 820-847).
+  (prophet 820-847);
+* the window's share of the model matters where the model is small: over six runs of
+  ResNet-50 (97 MiB) at batch 96, with the link's per-message cost as each run probed it,
+  4 MiB slices ran 1.01-1.02x prophet's time, 4.8-6.7 MiB slices (a window of 15-21% of
+  the model) 1.06-1.09x in three of four runs.
 
 With parameter servers three slices also let one slice's pull overlap the next one's push.
 The result is rounded to a quarter of an octave, so a drifting estimate does not re-cut the
@@ -52,12 +57,15 @@ BALANCE = 3.0  # per-message cost against the wait behind a slice (see the modul
 CREDIT_SLICES = 3  # the window, in slices
 MIN_PARTITION = 256 * KiB  # below this, a slice's bookkeeping costs more than its urgency saves
 MAX_PARTITION = 8 * MiB  # above this, urgent slices wait behind the window longer than the messages saved
+WINDOW_SHARE = 1 / 8  # the window holds at most this share of the model's gradient bytes
 UNMEASURED_PARTITION = 4 * MiB  # before anything is measured (the original's fixed size)
 
 
 def partition_for(total_bytes: int, seconds_per_byte: float, overhead_s: float, latency_s: float) -> int:
     """The slice size for a model of ``total_bytes`` of gradients on this link (see the module
-    docstring); :data:`UNMEASURED_PARTITION` where the link's cost per byte is unknown (0)."""
+    docstring): the square-root law, its window at most :data:`WINDOW_SHARE` of the model,
+    rounded to a quarter octave and held between the bounds; :data:`UNMEASURED_PARTITION`
+    where the link's cost per byte is unknown (0)."""
     if total_bytes < 0 or seconds_per_byte < 0 or overhead_s < 0 or latency_s < 0:
         raise ValueError(
             f"sizes and times must be >= 0, got total_bytes={total_bytes}, seconds_per_byte={seconds_per_byte}, "
@@ -66,7 +74,7 @@ def partition_for(total_bytes: int, seconds_per_byte: float, overhead_s: float, 
     if seconds_per_byte == 0 or total_bytes == 0:
         return UNMEASURED_PARTITION
     per_message = max(overhead_s, latency_s / 2) / seconds_per_byte  # in bytes of link time
-    exact = math.sqrt(BALANCE * total_bytes * per_message)
+    exact = min(math.sqrt(BALANCE * total_bytes * per_message), WINDOW_SHARE * total_bytes / CREDIT_SLICES)
     rounded = 2.0 ** (round(4 * math.log2(max(exact, 1.0))) / 4)  # a quarter octave
     return int(min(MAX_PARTITION, max(MIN_PARTITION, rounded)))
 
