@@ -9,8 +9,9 @@ sizes from it, its own sizes). Every other run reverses the order of the policie
 neither always runs first in a launch. For each run it keeps the whole bench output and the
 share of the host's CPU time stolen by other guests over it (``/proc/stat``; a busy
 neighbour shows there, not in this machine's load). It prints, and ``--table`` prints from
-the JSON, a markdown table: per run both iteration times, their ratio, the bound and the
-steal share, and a last line with the median ratio and its range over the runs.
+the JSON, a markdown table: per run both iteration times, their ratio, the bound, the
+steal share and the sizes a policy derived from the link (its plan's, as the run reported
+them), and a last line with the median ratio and its range over the runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+from gradsched.bench.report import derived_options
+from gradsched.units import format_bytes
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -71,18 +75,29 @@ def ratios(data: dict) -> list[float]:
     return [_time(run["bench"], a) / _time(run["bench"], b) for run in data["runs"]]
 
 
+def _sizes(bench: dict) -> str:
+    """The sizes each policy of a run derived from the link, as its plan in use had them."""
+    said = []
+    for row in bench["results"]:
+        derived = derived_options(row["policy"], row.get("plan_options"))
+        if derived:  # partition before credit
+            said.append(f"{row['policy']}: " + ", ".join(f"{k.removesuffix('_bytes')} {format_bytes(v)}"
+                                                          for k, v in sorted(derived.items(), reverse=True)))
+    return "; ".join(said)
+
+
 def table(data: dict) -> str:
     a, b = data["policies"]
-    lines = [f"| run (UTC) | order | {a} ms | {b} ms | {a} / {b} | bound ms | host steal |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| run (UTC) | order | {a} ms | {b} ms | {a} / {b} | bound ms | host steal | sizes derived |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
     for run, ratio in zip(data["runs"], ratios(data)):
         bench = run["bench"]
         lines.append(f"| {run['started']} | {', '.join(run['order'])} | {_time(bench, a) * 1e3:.0f} | "
                      f"{_time(bench, b) * 1e3:.0f} | {ratio:.3f} | {bench['settings'][-1]['bound_s'] * 1e3:.0f} | "
-                     f"{run['host_steal']:.0%} |")
+                     f"{run['host_steal']:.0%} | {_sizes(bench)} |")
     spread = ratios(data)
     lines.append(f"| median of {len(spread)} | | | | {statistics.median(spread):.3f} "
-                 f"({min(spread):.3f}-{max(spread):.3f}) | | |")
+                 f"({min(spread):.3f}-{max(spread):.3f}) | | | |")
     return "\n".join(lines)
 
 

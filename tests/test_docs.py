@@ -286,3 +286,11 @@ def test_the_user_guide_and_the_internals_stay_short_and_the_index_names_every_p
 
 def test_the_cpu_trial_table_is_what_its_json_prints():
     assert script("cpu_trial").table(figure("cpu-trial")["runs"]) in PAGES["docs/bench.md"]
+
+
+def test_every_repeated_runs_table_is_what_its_json_prints():
+    names = sorted(p.stem for p in (DOCS / "figures").glob("repeat-*.json"))
+    assert names, "no repeated runs committed"
+    table = script("repeated_runs").table
+    missing = [name for name in names if table(figure(name)) not in PAGES["docs/bench.md"]]
+    assert missing == [], f"docs/bench.md does not show the tables of {missing}"

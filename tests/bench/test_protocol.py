@@ -54,9 +54,9 @@ def test_the_payload_round_trips():
 def test_the_report_names_the_sizes_a_policy_derived():
     """The text report's plan column: the options a policy derives from the link (its
     defaults None), as the plan in use had them; nothing for a policy with fixed sizes."""
-    from gradsched.bench.report import _derived
+    from gradsched.bench.report import derived_options
 
     options = {"amortise": 9.0, "credit_bytes": 12 << 20, "fuse_bytes": 0, "partition_bytes": 4 << 20}
-    assert _derived("bytescheduler", options) == {"credit_bytes": 12 << 20, "partition_bytes": 4 << 20}
-    assert _derived("prophet", {"partition_bytes": 1 << 18, "credit_bytes": 16 << 20}) == {}
-    assert _derived("bytescheduler", None) == {} and _derived("buckets 25 MB", options) == {}
+    assert derived_options("bytescheduler", options) == {"credit_bytes": 12 << 20, "partition_bytes": 4 << 20}
+    assert derived_options("prophet", {"partition_bytes": 1 << 18, "credit_bytes": 16 << 20}) == {}
+    assert derived_options("bytescheduler", None) == {} and derived_options("buckets 25 MB", options) == {}

@@ -109,7 +109,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
             gain = row.speedup(config.reference)
             speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
             plan = row.plan
-            shown = (row.report.autotune or {}).get("best_options") or _derived(plan, row.report.plan_options)
+            shown = (row.report.autotune or {}).get("best_options") or derived_options(plan, row.report.plan_options)
             if shown and not is_buckets(plan):
                 plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
                                          for k, v in shown.items()) + ")"
@@ -120,7 +120,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _derived(policy: str, options: dict | None) -> dict:
+def derived_options(policy: str, options: dict | None) -> dict:
     """Of a plan's ``options``, those its policy derives from the link by default (its
     defaults left as None): what the run chose for them."""
     defaults = POLICIES.get(policy)
