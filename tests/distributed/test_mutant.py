@@ -31,7 +31,7 @@ def test_the_mutant_is_what_it_says(tmp_path):
             assert report["group"][policy]["diff"] > 1e-3, policy  # test_everyday_calls' tolerance: 1e-6
 
 
-@pytest.mark.parametrize("api", ["ddp", "wrap"])
+@pytest.mark.parametrize("api", ["ddp", pytest.param("wrap", marks=pytest.mark.slow)])  # CI: one API
 def test_the_ddp_contract_tests_fail_on_the_mutant(tmp_path, api):
     from test_ddp_contract import TOLERANCE
 
@@ -52,6 +52,7 @@ def test_the_ddp_contract_tests_fail_on_the_mutant(tmp_path, api):
     assert worst > 100 * TOLERANCE
 
 
+@pytest.mark.slow  # CI: the mutant's drift (above) and the contract tests failing on it
 def test_the_drop_in_script_test_fails_on_the_mutant(tmp_path):
     from test_drop_in import TOLERANCE, differences, switched, DDP_IMPORT, OURS
 

@@ -107,6 +107,7 @@ def test_offline_tuning_never_reports_worse_than_the_default_nor_beats_the_bound
     assert grid["iteration_s"] >= result.bound_s * 0.999
 
 
+@pytest.mark.slow  # CI: the tuner's other tests (a start, its history, the space); make test took 11 min
 def test_offline_tuning_finds_what_a_grid_finds_where_the_default_is_off():
     """Transformer, 16 workers, 25 Gbit/s: ByteScheduler's own sizes (4 MiB slices, a 16 MiB
     window) run 4% slower than the best of a 3x3 grid of partition and credit sizes; 8 tuner

@@ -109,7 +109,9 @@ def make_plan(
             loop.schedule(origin + ready[name] - first, Kind.READY, name)
         loop.run(handle)
     span = max((m.finish_s for m in recorder.planned), default=0.0)
-    options = tuple(sorted(dataclasses.asdict(policy).items()))
+    # what the plan reports it was made with: the scalar options (a plan travels to every rank)
+    options = tuple(sorted((k, v) for k, v in dataclasses.asdict(policy).items()
+                           if v is None or isinstance(v, (bool, int, float, str))))
     plan = Plan(policy.name, engine.policy.cross_barrier, tuple(recorder.planned), span, options)
     plan.check(tensors)
     return plan
