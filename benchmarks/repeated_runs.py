@@ -58,7 +58,8 @@ def measure(bench_args: list[str], runs: int) -> dict:
         print(f"repeated_runs [{k + 1}/{runs}]: gradsched bench {' '.join(args)}", file=sys.stderr, flush=True)
         steal0, total0 = _cpu_times()
         started = time.time()
-        out = subprocess.run(["gradsched", "bench", *args, "--json"], check=True, stdout=subprocess.PIPE, text=True)
+        out = subprocess.run([sys.executable, "-m", "gradsched", "bench", *args, "--json"], check=True,
+                             stdout=subprocess.PIPE, text=True)  # this interpreter's gradsched, whatever PATH says
         steal1, total1 = _cpu_times()
         done.append({"order": order, "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
                      "host_steal": (steal1 - steal0) / max(total1 - total0, 1), "bench": json.loads(out.stdout)})

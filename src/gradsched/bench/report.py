@@ -123,8 +123,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
 def derived_options(policy: str, options: dict | None) -> dict:
     """Of a plan's ``options``, those its policy derives from the link by default (its
     defaults left as None): what the run chose for them."""
-    defaults = POLICIES.get(policy)
-    if defaults is None or not options:
+    if policy not in POLICIES or not options:
         return {}
-    return {k: v for k, v in options.items() if k in defaults.__dataclass_fields__
-            and getattr(defaults(), k) is None and v is not None}
+    defaults = POLICIES[policy]()
+    return {k: v for k, v in options.items() if v is not None and getattr(defaults, k, 0) is None}
