@@ -92,6 +92,10 @@ class _Forked:
         self.process = _server().Process(target=_as_rank, args=(worker, argv, env, str(self.out), str(self.err)))
         self.process.start()
 
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
     def wait(self, timeout: float) -> bool:
         self.process.join(timeout)
         return self.process.exitcode is not None
@@ -115,6 +119,10 @@ class _Fresh:
                                      stderr=subprocess.PIPE, text=True)
         self.done: subprocess.CompletedProcess | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
     def wait(self, timeout: float) -> bool:
         try:
             out, err = self.proc.communicate(timeout=timeout)
@@ -132,6 +140,26 @@ class _Fresh:
         return self.done
 
 
+def start_ranks(worker: str, world: int, *args: str, folder: str, env: dict | None = None, fresh: bool = False,
+                port: int | None = None) -> list:
+    """Start ``worker`` on ``world`` ranks and return at once: the ranks, each with ``wait(timeout)``,
+    ``kill()`` and ``result()`` (a forked rank's output lands under ``folder``). An ``env`` that
+    changes ``PYTHONPATH`` needs a new interpreter, and gets one. :func:`run_ranks` starts and
+    waits; a server of many tests (tests/distributed/programs.py) starts and talks to them."""
+    port = port or free_port()
+    fresh = fresh or "PYTHONPATH" in (env or {})
+    ranks = []
+    for rank in range(world):
+        renv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
+        if fresh:
+            ranks.append(_Fresh(worker, list(args), renv))
+        else:
+            (Path(folder) / str(rank)).mkdir(parents=True, exist_ok=True)
+            ranks.append(_Forked(worker, list(args), renv, Path(folder) / str(rank)))
+    return ranks
+
+
 def run_ranks(worker: str, world: int, *args: str, timeout: float = 120.0, env: dict | None = None,
               agent_store: bool = False, fresh: bool = False) -> list[subprocess.CompletedProcess]:
     """Run ``worker`` on ``world`` ranks; return their results (stdout, stderr, exit code).
@@ -146,17 +174,8 @@ def run_ranks(worker: str, world: int, *args: str, timeout: float = 120.0, env: 
 
         store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)  # lives to the end
         env = dict(env or {}, TORCHELASTIC_USE_AGENT_STORE="True")
-    fresh = fresh or "PYTHONPATH" in (env or {})
     with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
-        ranks = []
-        for rank in range(world):
-            renv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
-            if fresh:
-                ranks.append(_Fresh(worker, list(args), renv))
-            else:
-                (Path(folder) / str(rank)).mkdir()
-                ranks.append(_Forked(worker, list(args), renv, Path(folder) / str(rank)))
+        ranks = start_ranks(worker, world, *args, folder=folder, env=env, fresh=fresh, port=port)
         deadline = time.monotonic() + timeout
         for rank in ranks:
             if not rank.wait(max(1.0, deadline - time.monotonic())):

@@ -58,6 +58,10 @@ class Stepping(Protocol):
     def step(self, snapshot: Any, plan: Any) -> None:
         """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
 
+    def accumulated(self, i: int) -> None:
+        """A later backward pass over the round's forward pass (``retain_graph``) added a local
+        gradient to parameter ``i``'s, handed over already: under DDP it adds to the average."""
+
     def before_forward(self, indices: Sequence[int], what: str) -> bool:
         """The forward pass of a module owning parameters ``indices`` is about to run: wait for
         what it reads (the Dependency Proxy). Whether it had to wait for anything."""

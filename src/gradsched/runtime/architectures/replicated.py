@@ -14,6 +14,7 @@ Memory: the gradients live in the plan's flat buffers (their homes), one copy pe
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
 import torch
@@ -29,7 +30,19 @@ class ReplicatedStepping:
         self.everything = range(len(updates.params))
 
     def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
-        return []  # .grad is the reduced gradient itself: autograd accumulates into it as under DDP
+        """.grad is the reduced gradient itself: autograd accumulates into it as under DDP, once
+        what the user called on it before is applied (a graph made before ``step()`` and
+        backpropagated after it, with no forward pass between to apply the step)."""
+        return [p.register_hook(partial(self._before_accumulating, i)) for i, p in enumerate(params)]
+
+    def _before_accumulating(self, i: int, grad: torch.Tensor) -> None:
+        """Autograd is about to add to ``.grad``: what waits for it first (a step queued; the
+        reduction of a later backward pass's forward pass, which then adds to the average)."""
+        if self.updates.pending(i) or i in self.handover.unsettled:
+            self.updates.touch(i)
+
+    def accumulated(self, i: int) -> None:
+        """Nothing more: autograd added a later backward pass's gradient onto the reduced one."""
 
     def close(self, wait: bool) -> None:
         """Nothing: the parameters are the model's own throughout."""

@@ -200,13 +200,12 @@ class Coordinator:
 
     def clip_grad_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                        foreach: bool | None) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction."""
-        self._require_gradients("clip_grad_norm_")
+        """``torch.nn.utils.clip_grad_norm_`` over the reduced gradients: waits for every reduction
+        (before any backward pass, as torch's over no gradients: the norm 0)."""
         return self.backend.clip_norm(max_norm, norm_type, error_if_nonfinite, foreach)
 
     def clip_grad_value(self, clip_value: float) -> None:
         """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
-        self._require_gradients("clip_grad_value_")
         self.backend.clip_value(clip_value)
 
     def full_optimizer_state_dict(self) -> dict:
@@ -214,10 +213,6 @@ class Coordinator:
         under architecture='sharded'; the optimizer's own ``state_dict()`` otherwise)."""
         self.synchronize()
         return self.backend.full_state_dict()
-
-    def _require_gradients(self, what: str) -> None:
-        if self.round == 0:
-            raise GradschedError(f"{what}: no backward pass has run yet: clip after loss.backward(), before step()")
 
     def synchronize(self) -> None:
         if not self._closed:

@@ -10,12 +10,17 @@ plain tensor again, so the optimizer and later reads pay nothing.
 
 Gradient clipping by value is deferred the same way: each gradient is clamped when its
 reduction is first seen complete (:meth:`Handover.clip_value`), not waited for at once.
+
+The mark stays after the reduction while the user's optimizer has a step (or a
+``zero_grad()``) still to apply to that gradient (:class:`Claims`, the deferred updates): an
+operation on it then applies those first, so that code running between ``step()`` and the
+next forward pass sees the gradient as DDP leaves it.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch.utils._pytree import tree_map
@@ -49,13 +54,28 @@ def plain(t: torch.Tensor | None) -> torch.Tensor | None:
     return t._gradsched_plain if isinstance(t, InFlightGrad) else t
 
 
+class Claims(Protocol):
+    """What still waits to be done to a handed-over gradient once it is reduced (the deferred
+    updates: :class:`gradsched.runtime.training.updates.DeferredUpdates`)."""
+
+    def pending(self, i: int) -> bool:
+        """Whether an action of the user's still waits to be applied to gradient ``i``: its mark
+        stays until then."""
+
+    def touch(self, i: int) -> None:
+        """Code operates on gradient ``i``'s mark: wait for its reduction and apply what waits."""
+
+
 class Handover:
     """Puts handed-over gradients in ``param.grad`` as :class:`InFlightGrad` and turns them
-    back into plain tensors, applying any deferred value clipping, once reduced."""
+    back into plain tensors, applying any deferred value clipping, once reduced (and once
+    nothing the :class:`Claims` hold waits for them)."""
 
     def __init__(self, params: Sequence[torch.Tensor], exchange: Exchange) -> None:
         self.params = list(params)
         self.exchange = exchange
+        self.claims: Claims | None = None
+        self.marked: dict[int, InFlightGrad] = {}  # parameter -> the mark its handed-over gradient carries
         self.clamps: dict[int, float] = {}  # parameter -> clip value, applied once reduced
         self.scales: dict[int, float] = {}  # parameter -> factor, applied once reduced (before clamping)
         self.kept: dict[int, torch.Tensor] = {}  # parameter -> the value its .grad gets back once reduced
@@ -103,8 +123,8 @@ class Handover:
         else:  # .grad becomes another tensor: the mark does not keep the one handed over alive
             marked = grad.new_zeros(()).expand(grad.shape).as_subclass(InFlightGrad)
         marked._gradsched_plain = grad if self.reduced_grad is None else marked.as_subclass(torch.Tensor)
-        marked._gradsched_wait = lambda: self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
-        self.params[i].grad = marked
+        marked._gradsched_wait = lambda: self.touch(i)
+        self.params[i].grad = self.marked[i] = marked
         self.unsettled.add(i)
         self.exchange.mark_ready(i, grad, round_index, produced)
 
@@ -115,6 +135,19 @@ class Handover:
         self.unsettled.add(i)
         self.exchange.mark_ready(i, tensor, round_index)
 
+    def holds(self, i: int) -> bool:
+        """Whether ``.grad`` of parameter ``i`` is the gradient handed over, still marked."""
+        marked = self.marked.get(i)
+        return marked is not None and self.params[i].grad is marked
+
+    def touch(self, i: int) -> None:
+        """Code operates on gradient ``i``'s mark (:class:`InFlightGrad`): its reduction, and what
+        the claims hold for it, first."""
+        if self.claims is not None:
+            self.claims.touch(i)
+        else:
+            self.wait([i], f"the gradient of {self.exchange.tensors[i].name!r}")
+
     def wait(self, indices: Sequence[int], what: str) -> None:
         """Block until these gradients are reduced, then settle them: the one answer on the
         training thread to "wait until this gradient is reduced" (a read of ``.grad``, a
@@ -123,31 +156,45 @@ class Handover:
         self.settle(indices)
 
     def settle(self, indices: Sequence[int]) -> None:
-        """These gradients are reduced and seen so: plain tensors again, clamped if asked; on a
-        device with streams the current stream waits for their reduced values first (where they
-        are used). "Reduced" on NCCL means queued: until settled, neither this thread's reads
-        nor its writes (the next backward pass accumulating) may touch a gradient's memory."""
+        """These gradients are reduced and seen so: clamped or scaled if asked, plain tensors
+        again once nothing claims them; on a device with streams the current stream waits for
+        their reduced values first (where they are used). "Reduced" on NCCL means queued: until
+        settled, neither this thread's reads nor its writes (the next backward pass accumulating)
+        may touch a gradient's memory. One still in flight is left as it is."""
+        indices = [i for i in indices if not self.exchange.in_flight(i)]
         self.exchange.order_after(indices)
         for i in indices:
-            self.unsettled.discard(i)
-            p = self.params[i]
-            if isinstance(p.grad, InFlightGrad):
-                marked = p.grad
-                if self.reduced_grad is not None:  # what operations on the marked tensor now see too
-                    marked._gradsched_plain = self.reduced_grad(i, marked._gradsched_plain)
-                p.grad = marked._gradsched_plain
-            kept = self.kept.pop(i, None)
-            if kept is not None and p.grad is not None:
-                p.grad.copy_(kept)
-            added = self.added.pop(i, None)
-            if added is not None and p.grad is not None:
-                p.grad.add_(added)
-            scale = self.scales.pop(i, None)
-            if scale is not None and p.grad is not None:
-                p.grad.mul_(scale)
-            value = self.clamps.pop(i, None)
-            if value is not None and p.grad is not None:
-                p.grad.clamp_(-value, value)
+            if i in self.unsettled:
+                self.unsettled.discard(i)
+                self._reduced(i)
+            if i in self.marked and not (self.claims is not None and self.claims.pending(i)):
+                self.release(i)
+
+    def _reduced(self, i: int) -> None:
+        """What waits for gradient ``i``'s reduction, done to the gradient handed over (whatever
+        ``.grad`` holds now)."""
+        marked = self.marked.get(i)
+        if marked is not None and self.reduced_grad is not None:  # what operations on the mark now see too
+            marked._gradsched_plain = self.reduced_grad(i, marked._gradsched_plain)
+        grad = None if marked is None else marked._gradsched_plain
+        kept = self.kept.pop(i, None)
+        if kept is not None and grad is not None:
+            grad.copy_(kept)
+        added = self.added.pop(i, None)
+        if added is not None and grad is not None:
+            grad.add_(added)
+        scale = self.scales.pop(i, None)
+        if scale is not None and grad is not None:
+            grad.mul_(scale)
+        value = self.clamps.pop(i, None)
+        if value is not None and grad is not None:
+            grad.clamp_(-value, value)
+
+    def release(self, i: int) -> None:
+        """Gradient ``i`` is reduced and nothing waits for it: ``.grad``, if still the mark, the plain tensor."""
+        marked = self.marked.pop(i, None)
+        if marked is not None and self.params[i].grad is marked:
+            self.params[i].grad = marked._gradsched_plain
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
@@ -158,13 +205,14 @@ class Handover:
 
     def clip_value(self, value: float) -> None:
         """Clamp every gradient to ``[-value, value]``: those reduced now, the others once
-        their reduction is seen complete."""
+        their reduction is seen complete (those a step still claims now: after it, as under DDP)."""
         if not value >= 0:
             raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
         value = float(value)
         now = []
         for i in range(len(self.params)):
-            if i in self.unsettled and not self.exchange.ended(i):  # (ended: reduced, and the device past it)
+            if i in self.unsettled and self.holds(i) and not self.exchange.ended(i) and not (
+                    self.claims is not None and self.claims.pending(i)):  # (ended: reduced, the device past it)
                 self.clamps[i] = min(value, self.clamps.get(i, value))  # where it is settled (NCCL: queued)
             else:
                 now.append(i)

@@ -135,7 +135,8 @@ class Plane:
     def step(self) -> None:
         """``optimizer.step()``: close the round; update each parameter once it is reduced."""
         self.close_round()
-        self.stepping.step(self.updates.snapshot(), self.exchange.plan_for(self.round))
+        self.stepping.step(self.updates.snapshot(), self.exchange.plan_for(max(self.round, 1)))  # (0: gradients
+        #   set by hand before any backward pass: nothing in flight, the first round's plan as good as any)
         self.current.life.stepped()
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
             self.planner.control_point(self.round)
@@ -209,6 +210,7 @@ class Plane:
         self.buffer_sync.close()
         self.exchange.close(wait=wait)
         self.planner.close()
+        self.handover.claims = None  # (the deferred updates and the handover refer to each other)
 
     # -- rounds ---------------------------------------------------------------------------
     def start_round(self) -> None:
@@ -220,6 +222,7 @@ class Plane:
         handed over a gradient (or be marked unused) so the plan can complete."""
         if not self.current.life.close():
             return
+        self.sync.round_closed()
         self.planner.record(self.current.timing, self.round)
         missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
         if missing and self.unused is None:
@@ -260,6 +263,13 @@ class Plane:
             self.start_round()
             if self.unused is not None:
                 self.unused.begin()  # which parameters will this backward pass reach?
+        elif self.exchange.ready_round[i] == self.current.index:  # a later backward pass over the same forward
+            # pass (retain_graph): accumulated locally onto the reduced gradient, as DDP's reducer leaves it
+            # once a backward pass has finished; the stepping waited for the reduction before autograd added
+            self.stepping.accumulated(i)
+            if self.unused is not None and grad is not None:
+                self.unused.local_gradient(i)
+            return
         if grad is not None:
             self._hand_over(i, grad)
         if self.unused is not None and self.unused.report(i, grad is not None):
@@ -268,11 +278,6 @@ class Plane:
     def _hand_over(self, i: int, grad: torch.Tensor) -> None:
         current = self.current
         name = self.names[i]
-        if self.exchange.ready_round[i] == current.index:
-            raise GradschedError(
-                f"parameter {name!r} received a gradient twice in one backward pass; run one "
-                "backward per forward, and use no_sync() for backward passes that should not communicate"
-            )
         grad = self.handover.place(grad, current.homes.get(i))
         timing, key = current.timing, ("ready", name)
         now = timing.ready[name] = self.clock.stamp(timing, key)  # its event: also where it was produced

@@ -1,18 +1,29 @@
 """DDP's switches for whether a pass communicates, kept as DDP keeps them.
 
-* ``no_sync()``: backward passes inside accumulate locally (a depth: contexts nest);
-* ``require_backward_grad_sync``: False makes the backward pass after each forward pass that
-  reads it accumulate locally, as ``no_sync()`` does (scripts set it per micro-step);
+* ``no_sync()``: a forward pass run inside does not make the backward pass after it communicate
+  (a depth: contexts nest); as with DDP it is the forward passes that decide, wherever the
+  backward pass runs;
+* ``require_backward_grad_sync``: False makes the forward passes that read it leave their
+  backward passes local, as ``no_sync()`` does (scripts set it per micro-step);
+* what DDP's reducer keeps between them: a forward pass with gradients and both switches on
+  makes the next backward pass communicate, and only the end of that backward pass (here: its
+  round closed) makes backward passes local again; a forward pass inside ``no_sync()`` changes
+  neither (so one that follows a forward pass with no backward pass still communicates, and a
+  second backward pass over one forward pass, ``retain_graph``, accumulates locally);
 * ``require_forward_param_sync``: buffers are synced before a forward pass when the one before
   it trained and synced (and before the first); every forward pass sets it, as DDP's
   ``_post_forward`` does.
 
 >>> s = SyncSwitches()
+>>> s.local  # no forward pass that syncs yet
+True
 >>> s.forward_began(grad_enabled=True), s.local
 ((True, True), False)
->>> s.backward = False; s.forward_ended(grad_enabled=True)
+>>> s.round_closed(); s.backward = False; s.forward_ended(grad_enabled=True)
 >>> s.forward_began(grad_enabled=True), s.local, s.param
 ((False, False), True, False)
+>>> s.backward = True; s.local  # a backward pass now still belongs to the forward pass before
+True
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ class SyncSwitches:
         self.depth = 0  # no_sync() contexts entered
         self.backward = True  # require_backward_grad_sync
         self.param = True  # require_forward_param_sync
-        self._accumulating = False  # the latest forward pass began with `backward` False
+        self._expecting = False  # a forward pass that syncs ran, and no backward pass since has communicated
 
     @property
     def enabled(self) -> bool:
@@ -32,8 +43,13 @@ class SyncSwitches:
 
     @property
     def local(self) -> bool:
-        """Whether the backward pass running now accumulates locally."""
-        return bool(self.depth) or self._accumulating
+        """Whether the backward pass running now accumulates locally: no forward pass that syncs
+        ran since the latest backward pass that communicated (DDP's reducer expects none)."""
+        return not self._expecting
+
+    def round_closed(self) -> None:
+        """A backward pass that communicated is over (DDP's reducer finalized it)."""
+        self._expecting = False
 
     def training(self, grad_enabled: bool) -> bool:
         """Whether a forward pass now begins an iteration that communicates."""
@@ -41,7 +57,8 @@ class SyncSwitches:
 
     def forward_began(self, grad_enabled: bool) -> tuple[bool, bool]:
         """(the backward pass after it communicates, buffers are synced before it)."""
-        self._accumulating = not self.backward
+        if self.training(grad_enabled):
+            self._expecting = True
         return self.training(grad_enabled), self.param
 
     def forward_ended(self, grad_enabled: bool) -> None:

@@ -1,12 +1,27 @@
 """Deferred updates: the user's optimizer applied per parameter once its gradient is reduced.
 
 ``optimizer.step()`` records each parameter group's hyper-parameters (a *snapshot*, so a
-learning-rate scheduler stepped right after cannot leak into this step) and marks every
-parameter with a gradient as pending. A pending parameter is updated, with its snapshot,
-as soon as its reduction is known to be complete: at the latest in the forward pre-hook
-of the module that uses it. ``zero_grad()`` on a parameter still pending or on the wire
-waits the same way. The update is the wrapped optimizer's own ``step()``, run with each
-group's ``params`` narrowed to the parameters being updated.
+learning-rate scheduler stepped right after cannot leak into this step) and queues a step for
+every parameter holding a gradient. A parameter's queue is applied as soon as its reduction is
+known to be complete: at the latest in the forward pre-hook of the module that uses it.
+
+What the user calls between ``step()`` and that moment must see what it would see under DDP,
+where the step has already run. So each parameter's queue holds the user's actions in the order
+they were called (steps, each with its snapshot; ``zero_grad(set_to_none=False)``), each with the
+tensor ``.grad`` held when it was called, and an action works on that tensor, not on whatever
+``.grad`` holds when the queue is applied:
+
+* code that replaces ``.grad`` meanwhile (``model.zero_grad()``, ``p.grad = None``, a gradient
+  set by hand) does not take the gradient away from a step called before, and a step called
+  after it sees what it left (nothing to step, or the gradient set by hand); ``.grad`` ends as
+  the user left it;
+* code that operates on a gradient still queued for (``p.grad.zero_()``, a read, clipping) finds
+  it still marked (:class:`~gradsched.runtime.training.inflight.InFlightGrad`): the mark first
+  applies the queue, then the operation runs, as it would after DDP's step;
+* a ``zero_grad()`` before ``step()`` discards that step's gradient, and two steps apply twice.
+
+The update is the wrapped optimizer's own ``step()``, run with each group's ``params`` narrowed
+to the parameters being updated.
 
 AMP's ``GradScaler`` hands a fused optimizer (``fused=True``: it unscales inside its own
 kernel) the scale and the overflow flag as attributes (``grad_scale``, ``found_inf``) for the
@@ -17,12 +32,12 @@ unscales, and still skips a step that overflowed.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, Union
 
 import torch
 
 from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.torch_private import GRAD_SCALER_ATTRIBUTES
 from gradsched.runtime.diagnostics.tracing import RunTrace
 
@@ -36,6 +51,9 @@ class Snapshot(NamedTuple):
     scaling: dict[str, Any]
 
 
+Action = Union[Snapshot, bool]  # a step with its snapshot; or zero_grad(set_to_none=False)
+
+
 class DeferredUpdates:
     def __init__(self, optimizer: torch.optim.Optimizer | None, params: Sequence[torch.Tensor],
                  names: Sequence[str], exchange: Exchange, handover: Handover, trace: RunTrace | None) -> None:
@@ -46,47 +64,69 @@ class DeferredUpdates:
         self.handover = handover
         self.trace = trace
         self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
-        self.update: dict[int, Snapshot] = {}  # parameter -> hyper-parameters to update it with
-        self.zero: dict[int, bool] = {}  # parameter -> set_to_none, once updated and reduced
+        # parameter -> the user's actions not yet applied, in order, each with the .grad it was called on
+        self.queue: dict[int, list[tuple[Action, torch.Tensor]]] = {}
         self.run_on: dict[int, torch.Tensor] | None = None  # sharded: id(parameter) -> the tensor stepped instead
         self._where_key: tuple = ()
         self._where_map: dict[int, tuple[int, int, torch.Tensor]] = {}
         self._pair_bound: list[int] = []  # per group: the most temporaries its full step holds (see pair_bytes)
+        if handover is not None:
+            handover.claims = self
 
     def pending(self, i: int) -> bool:
-        return i in self.update or i in self.zero
+        """Whether an action of the user's (a step, a zero_grad()) waits to be applied to parameter ``i``."""
+        return i in self.queue
 
     def snapshot(self) -> Snapshot:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         return Snapshot(groups, {name: getattr(self.optimizer, name) for name in SCALING
                                  if getattr(self.optimizer, name, None) is not None})
 
+    def _enqueue(self, i: int, action: Action) -> None:
+        self.queue.setdefault(i, []).append((action, self.params[i].grad))  # whatever .grad becomes meanwhile
+
     def request_step(self, indices: Sequence[int], snapshot: Snapshot) -> None:
-        """Mark ``indices`` for an update with ``snapshot``; apply at once those this thread can
-        apply without waiting (reduced and ended, or settled already): on NCCL a gradient is
-        resolved once queued, and an update applied now would put the next forward pass's
-        every kernel behind every reduction (the Dependency Proxy lost)."""
+        """Queue a step with ``snapshot`` for ``indices``; apply at once those this thread can
+        apply without waiting (reduced and ended, or settled already, or a gradient of the user's
+        own) and with nothing queued before: on NCCL a gradient is resolved once queued, and an
+        update applied now would put the next forward pass's every kernel behind every reduction
+        (the Dependency Proxy lost)."""
         now = []
         for i in indices:
-            self.update[i] = snapshot
-            if self.ready_now(i):
+            if i not in self.queue and self.ready_now(i):
                 now.append(i)
-        self.apply(now)
+            else:
+                self._enqueue(i, snapshot)
+        self.handover.settle(now)
+        self.apply_now(now, snapshot)
 
     def ready_now(self, i: int) -> bool:
-        """Gradient ``i`` may be used now without waiting for the device."""
+        """Gradient ``i`` (what ``.grad`` holds now) may be used now without waiting for the device."""
+        if not self.handover.holds(i):  # not a gradient handed over: the user's own, or none
+            return True
         return self.exchange.ended(i) if i in self.handover.unsettled else not self.exchange.in_flight(i)
 
     def request_zero(self, set_to_none: bool) -> None:
+        """``zero_grad()``: ``.grad`` None at once with ``set_to_none`` (a queued step keeps the
+        gradient it works on, and the reduction its buffer); zeroed in place once reduced and
+        stepped without (the memory is the reduction's until then)."""
         now = []
         for i in range(len(self.params)):
-            if i in self.update or not self.ready_now(i):
-                self.zero[i] = set_to_none
+            if i in self.queue or not self.ready_now(i):
+                if set_to_none:
+                    self.params[i].grad = None
+                else:
+                    self._enqueue(i, set_to_none)
             else:
                 now.append(i)
         self.handover.settle(now)  # at once: on CUDA one stream wait per message, not per gradient
         for i in now:
             clear_grad(self.params[i], set_to_none)
+
+    def touch(self, i: int) -> None:
+        """Code is about to operate on gradient ``i`` as handed over (a read, an in-place change):
+        its reduction first, and what the user called before on it."""
+        self.wait_and_apply([i], f"the gradient of {self.names[i]!r}")
 
     def wait_and_apply(self, indices: Sequence[int], what: str) -> None:
         """Wait for the reductions of ``indices``, then apply everything pending and reduced."""
@@ -95,22 +135,34 @@ class DeferredUpdates:
         self.handover.wait(indices, what)  # reduced, and settled: on CUDA the current stream waits for them
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
-        self.apply(sorted({i for i in [*self.update, *self.zero] if not self.exchange.in_flight(i)}))
+        self.apply(sorted(i for i in self.queue if not self.exchange.in_flight(i)))
 
     def apply(self, indices: Sequence[int]) -> None:
-        """Apply the pending updates of ``indices`` (grouped by snapshot), then their zeroing."""
+        """Apply the queues of ``indices`` (settled first), in the order the user called: one
+        action of each parameter at a time, the steps of one snapshot together."""
         self.handover.settle(indices)
-        by_snapshot: dict[int, tuple[Snapshot, list[int]]] = {}
-        for i in indices:
-            snapshot = self.update.pop(i, None)
-            if snapshot is not None:
-                by_snapshot.setdefault(id(snapshot), (snapshot, []))[1].append(i)
-        for snapshot, members in by_snapshot.values():
-            self.apply_now(members, snapshot)
-        for i in indices:
-            set_to_none = self.zero.pop(i, None)
-            if set_to_none is not None:
-                clear_grad(self.params[i], set_to_none)
+        indices = [i for i in indices if i in self.queue]
+        if not indices:
+            return
+        left = {i: self.params[i].grad for i in indices}  # .grad as the user left it
+        try:
+            while indices:
+                steps: dict[int, tuple[Snapshot, list[int]]] = {}
+                for i in indices:
+                    action, grad = self.queue[i].pop(0)
+                    self.params[i].grad = plain(grad)
+                    if isinstance(action, Snapshot):
+                        steps.setdefault(id(action), (action, []))[1].append(i)
+                    else:
+                        clear_grad(self.params[i], action)
+                for snapshot, members in steps.values():
+                    self.apply_now(members, snapshot)
+                indices = [i for i in indices if self.queue[i]]
+        finally:
+            for i, grad in left.items():
+                del self.queue[i]
+                self.params[i].grad = plain(grad)  # (unmarked: nothing waits for it now)
+                self.handover.release(i)
 
     def step_others(self, scheduled: dict[int, int]) -> None:
         """Step the optimizer's parameters that are not ``scheduled`` (gradsched's plans leave

@@ -17,6 +17,7 @@ and holds this rank's shard of each (``optimizer.state_dict()`` is this rank's p
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -101,7 +102,18 @@ class ShardedStep:
     def close(self, wait: bool) -> None:
         """Nothing: every parameter is whole on every rank throughout."""
 
+    def accumulated(self, i: int) -> None:
+        """Refused: ``.grad`` holds this rank's shard of the average, which a whole local gradient
+        cannot be added to as DDP adds it."""
+        raise GradschedError(
+            f"architecture='sharded': a second backward pass over a forward pass that communicated "
+            f"(retain_graph) reached {self.shards.names[i]!r}, whose .grad holds this rank's shard of the average "
+            "and cannot take a whole local gradient as DDP's does; run that forward pass inside no_sync() "
+            "(every backward pass over it then accumulates locally), or use architecture='allreduce'")
+
     def _before_accumulating(self, i: int, grad: torch.Tensor) -> None:
+        if i in self.handover.unsettled:  # handed over since the latest forward pass: a later backward pass
+            self.accumulated(i)
         p = self.shards.params[i]
         held = plain(p.grad)
         if isinstance(held, DTensor):
@@ -238,6 +250,20 @@ class ShardedStep:
         local = grad.to_local() if isinstance(grad, DTensor) else grad
         return local.reshape(-1)[:self.shards.tensors[i].numel()]
 
+    def _local_only(self) -> list[torch.Tensor] | None:
+        """The parameters holding a gradient, if none is an averaged shard (all this rank's own: DDP
+        clips them as they are); None if all are (the shards' way). A mix (some averaged, some set
+        by hand) is refused."""
+        held = [p for p in self.shards.params if p.grad is not None]
+        averaged = sum(isinstance(plain(p.grad), DTensor) for p in held)
+        if not averaged:
+            return held
+        if averaged < len(held):
+            raise GradschedError("architecture='sharded': clipping gradients of which some are averaged shards and "
+                                 "some this rank's own (set by hand, or accumulated locally since): clip before "
+                                 "replacing gradients, or use torch.nn.utils.clip_grad_norm_ on the parameters")
+        return None
+
     def _valid_grads(self) -> list[torch.Tensor]:
         return [self._local_grad(i) for i, (t, p) in enumerate(zip(self.shards.tensors, self.shards.params))
                 if p.grad is not None and t.numel()]
@@ -245,8 +271,13 @@ class ShardedStep:
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
         """``clip_grad_norm_`` of the averaged gradients from the shards: the total norm from
-        every rank's part (one all-reduce), then every shard scaled by the same factor."""
+        every rank's part (one all-reduce), then every shard scaled by the same factor. Gradients
+        that were not averaged (accumulated under ``no_sync()``, set by hand) are this rank's own,
+        whole: clipped here alone, as DDP's are."""
         self.handover.wait(range(len(self.shards.params)), "all gradients (clip_grad_norm_)")
+        local = self._local_only()
+        if local is not None:
+            return torch.nn.utils.clip_grad_norm_(local, max_norm, norm_type, error_if_nonfinite, foreach)
         grads = self._valid_grads()
         norm_type = float(norm_type)
         device = self.shards.params[0].device
@@ -268,7 +299,7 @@ class ShardedStep:
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
                                "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                                "by the non-finite norm anyway, set `error_if_nonfinite=False`")
-        dtype = self.shards.params[0].dtype
+        dtype = functools.reduce(torch.promote_types, [g.dtype for g in grads], self.shards.params[0].dtype)
         coefficient = torch.clamp(max_norm / (total.to(dtype) + 1e-6), max=1.0)
         with torch.no_grad():
             for g in grads:
@@ -279,6 +310,10 @@ class ShardedStep:
         if not value >= 0:
             raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
         self.handover.wait(range(len(self.shards.params)), "all gradients (clip_grad_value_)")
+        local = self._local_only()
+        if local is not None:
+            torch.nn.utils.clip_grad_value_(local, value)
+            return
         with torch.no_grad():
             for g in self._valid_grads():
                 g.clamp_(-value, value)

@@ -1,0 +1,447 @@
+"""Differential testing against torch's DDP over generated training programs.
+
+:class:`Program` is a Hypothesis rule-based state machine: each example draws a configuration
+(the API, the policy, the architecture, the optimizer, compression, the hand-off, gloo or NCCL's
+semantics emulated) and then a program of the calls users make between and around
+``backward()`` and ``step()``. Every call runs on two real gloo ranks (:class:`Cluster`: the rank
+processes of ``workers/differential.py``, started once and reused by every example), first under
+torch's ``DistributedDataParallel`` and then under gradsched, and what each gave (losses, every
+gradient read, clipping norms, checkpoints; at the end parameters, buffers, the optimizer's state
+and every gradient) must be equal: exactly, since with two ranks every sum is of two terms
+(commutative in floating point), each divided by two (exact), and gradsched runs the user's own
+optimizer on the same tensors (elementwise: the same arithmetic on any subset of them).
+
+Programs are drawn only as torch's DDP accepts them (a precondition says where it would raise: a
+second backward pass over a forward pass that synchronized, a parameter unused without
+``find_unused_parameters``); the reference raising is a defect of this module. gradsched may
+refuse a call only with a :class:`~gradsched.GradschedError` whose message is one of
+:data:`REFUSALS` (documented in docs/guide.md); that ends the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from multiprocessing.connection import Listener
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from workers.launch import start_ranks
+
+POLICIES = ("fifo", "priority", "bytescheduler", "prophet")
+ARCHITECTURES = ("allreduce", "sharded", "fully_sharded")
+OPTIMIZERS = ("sgd", "nesterov", "adam", "adamw-groups", "rmsprop", "adagrad")
+ZEROS = ("optimizer", "optimizer_keep", "model", "model_keep", "module", "none", "zero_")
+CLEARED = ("optimizer", "model", "module", "none")  # the ways that leave .grad None
+SYNCS = ("yes", "no_sync", "no_sync_forward", "flag")
+PAUSES = (0.0, 0.0, 0.002, 0.01, 0.03)  # seconds; the emulated collectives run 20 ms after queued
+
+#: The refusals a program may meet: gradsched's documented GradschedErrors (docs/guide.md), each a
+#: pattern of its message. Anything else gradsched raises is a failure.
+REFUSALS: dict[str, str] = {
+    "sharded architectures refuse find_unused_parameters": r"does not support find_unused_parameters=True yet",
+    "sharded architectures refuse a communication hook": r"comm(unication)?[ _]hook",
+    "fully sharded refuses compression": r"'fully_sharded' does not support compression='bf16' yet",
+    "sharded: a later backward pass over a forward pass that communicated": r"a second backward pass over a forward",
+}
+
+#: Sharded, two things cannot repeat DDP's arithmetic: a backward pass onto an averaged gradient (no
+#: zero_grad() between) adds its own average to this rank's shard of the old one, old + (a + b) / 2,
+#: where DDP averages the sums, (old + a) / 2 + (old + b) / 2 (a shard cannot hold the old average
+#: whole to add before the reduction); and the global norm of averaged gradients is summed from the
+#: shards' norms (as FSDP2's), not from each whole gradient's. Equal up to rounding: from such a call
+#: on the program is compared within this, relative to each tensor's largest magnitude (at least 1);
+#: everywhere else exactly.
+SHARDED_TOLERANCE = 1e-5
+
+STATS: Counter = Counter()  # programs, calls, refusals: what the runs of this process drew
+
+
+class Hang(AssertionError):
+    """The ranks did not answer in time."""
+
+
+class Cluster:
+    """The ranks that run programs: ``world`` processes of ``workers/differential.py`` and a
+    connection to each, started once and kept for every example (an interpreter that imports
+    torch costs seconds; a program, well under one)."""
+
+    def __init__(self, world: int = 2, env: dict | None = None,
+                 timeout_s: float = float(os.environ.get("GRADSCHED_PROGRAMS_TIMEOUT", "120"))) -> None:
+        self.world, self.env, self.timeout_s = world, env, timeout_s
+        key = secrets.token_bytes(16)
+        self.listener = Listener(("127.0.0.1", 0), authkey=key)
+        host, port = self.listener.address
+        self.folder = tempfile.TemporaryDirectory(prefix="differential-")
+        self.ranks = start_ranks("differential", world, host, str(port), key.hex(), folder=self.folder.name,
+                                 env=env)
+        self.connections: dict[int, Any] = {}
+        accepted = threading.Thread(target=self._accept, daemon=True)
+        accepted.start()
+        accepted.join(timeout_s)
+        if len(self.connections) < world:
+            self.stop()
+            raise Hang(f"{len(self.connections)} of {world} ranks connected within {timeout_s:.0f} s\n{self.output()}")
+
+    def _accept(self) -> None:
+        while len(self.connections) < self.world:
+            connection = self.listener.accept()
+            _, rank = connection.recv()
+            self.connections[rank] = connection
+
+    def ask(self, message: tuple, timeout_s: float | None = None) -> list[tuple[str, Any]]:
+        """Send ``message`` to every rank; every rank's answer, in rank order."""
+        for rank in range(self.world):
+            self.connections[rank].send(message)
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        answers = []
+        for rank in range(self.world):
+            connection = self.connections[rank]
+            if not connection.poll(max(0.0, deadline - time.monotonic())):
+                self.dump_stacks()
+                raise Hang(f"rank {rank} did not answer {message[:2]} within {timeout_s or self.timeout_s:.0f} s"
+                           f"\n{self.output()}")
+            answers.append(connection.recv())
+        return answers
+
+    def dump_stacks(self) -> None:
+        """Every rank's threads' stacks into its output (a rank that hangs: where)."""
+        for rank in self.ranks:
+            pid = rank.pid
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+
+    def output(self) -> str:
+        """What the ranks printed (forked ranks: their files)."""
+        parts = []
+        for rank in range(self.world):
+            path = os.path.join(self.folder.name, str(rank), "stderr")
+            if os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    parts.append(f"-- rank {rank} stderr --\n{f.read()[-12000:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for connection in self.connections.values():
+            with contextlib.suppress(OSError):
+                connection.send(("quit",))
+        for rank in self.ranks:
+            if not rank.wait(10.0):
+                rank.kill()
+        for connection in self.connections.values():
+            connection.close()
+        self.listener.close()
+        self.folder.cleanup()
+
+
+_clusters: dict[str, Cluster] = {}
+
+
+def cluster(name: str = "gloo", env: dict | None = None) -> Cluster:
+    """The cluster of this name, started on first use (again after a hang killed it)."""
+    if name not in _clusters:
+        _clusters[name] = Cluster(env=env)
+    return _clusters[name]
+
+
+def forget(name: str) -> None:
+    """Stop a cluster whose ranks may be stuck (a hang, a failed program): the next use starts anew."""
+    stale = _clusters.pop(name, None)
+    if stale is not None:
+        for rank in stale.ranks:
+            rank.kill()
+        stale.connections.clear()
+        stale.stop()
+
+
+def stop_all() -> None:
+    for name in list(_clusters):
+        _clusters.pop(name).stop()
+
+
+# -- comparing ---------------------------------------------------------------------------------
+def differences(reference: Any, replica: Any, where: str = "", tolerance: float = 0.0) -> list[str]:
+    """Where ``replica`` differs from ``reference``: tensors bit for bit (NaN equal to NaN), or
+    within ``tolerance`` relative to the reference's largest magnitude (at least 1)."""
+    if isinstance(reference, torch.Tensor) or isinstance(replica, torch.Tensor):
+        if not (isinstance(reference, torch.Tensor) and isinstance(replica, torch.Tensor)):
+            return [f"{where}: {_describe(reference)} != {_describe(replica)}"]
+        if reference.shape != replica.shape or reference.dtype != replica.dtype:
+            return [f"{where}: {reference.dtype}{tuple(reference.shape)} != {replica.dtype}{tuple(replica.shape)}"]
+        if torch.equal(reference, replica) or (reference.is_floating_point() and torch.equal(
+                reference.isnan(), replica.isnan()) and torch.equal(reference.nan_to_num(), replica.nan_to_num())):
+            return []
+        scale = max(1.0, reference.double().abs().nan_to_num().max().item()) if reference.numel() else 1.0
+        gap = (reference.double() - replica.double()).abs().nan_to_num(float("inf")).max().item()
+        if gap <= tolerance * scale:
+            return []
+        return [f"{where}: differs by {gap:.3g} (the reference's largest magnitude {scale:.3g}; tolerance "
+                f"{tolerance:.1g})"]
+    if isinstance(reference, dict) and isinstance(replica, dict):
+        found = [f"{where}: keys {sorted(map(str, reference))} != {sorted(map(str, replica))}"] \
+            if reference.keys() != replica.keys() else []
+        for key in reference.keys() & replica.keys():
+            found += differences(reference[key], replica[key], f"{where}.{key}", tolerance)
+        return found
+    if isinstance(reference, list) and isinstance(replica, list):
+        if len(reference) != len(replica):
+            return [f"{where}: {len(reference)} items != {len(replica)}"]
+        return [d for k, (a, b) in enumerate(zip(reference, replica))
+                for d in differences(a, b, f"{where}[{k}]", tolerance)]
+    if reference != replica and not (isinstance(reference, float) and reference != reference and replica != replica):
+        return [f"{where}: {reference!r} != {replica!r}"]
+    return []
+
+
+def _describe(value: Any) -> str:
+    return f"tensor{tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+
+
+# -- the programs ------------------------------------------------------------------------------
+CONFIGS = st.fixed_dictionaries({
+    "api": st.sampled_from(("ddp", "wrap")),
+    "policy": st.sampled_from(POLICIES),
+    "architecture": st.sampled_from(("allreduce", "allreduce", *ARCHITECTURES)),
+    "optimizer": st.sampled_from(OPTIMIZERS),
+    "scheduler": st.booleans(),
+    "find_unused": st.booleans(),
+    "float64": st.booleans(),
+    "comm": st.sampled_from(("none", "none", "bf16", "hook")),
+    "handoff": st.booleans(),
+    "emulated": st.booleans(),
+    "seed": st.integers(0, 3),
+}).map(lambda c: {**c, "comm": "none"} if c["comm"] == "bf16" and c["architecture"] == "sharded" else c)
+# (sharded compression also rounds the parameters to the wire dtype, as documented, which no DDP hook
+# does: it is compared with its own reference in tests/distributed/test_sharded.py; fully sharded
+# refuses compression, and is drawn with it to see the refusal)
+SEEDS = st.integers(0, 50)
+
+
+class Program(RuleBasedStateMachine):
+    """One drawn program, run under DDP and gradsched on the ranks of :func:`cluster`."""
+
+    cluster_name = "gloo"  # which cluster (a subclass may run on one started with a planted defect)
+    cluster_env: dict | None = None
+    configs = CONFIGS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: dict = {}
+        self.running = False  # begun, and not refused since
+        self.saved = False  # a checkpoint was taken
+        self.grads = False  # some parameter holds a gradient (torch's clip_grad_value_ raises over none)
+        self.averaged = False  # the gradients hold an average (a backward pass that synced, no zero_grad since)
+        self.tolerance = 0.0  # exact, until the program leaves DDP's arithmetic (SHARDED_TOLERANCE)
+        # torch's DDP with find_unused_parameters fails (a hang, or "Encountered gradient which is
+        # undefined, but still allreduced") where a backward pass under no_sync() was followed by
+        # gradients set to None and then a backward pass that syncs and leaves a parameter unused on
+        # some rank: such programs are not drawn (every rank uses every parameter there)
+        self.local_since_sync = False  # a backward pass under no_sync() since the latest that synced
+        # ... and where a forward pass with gradients that syncs had no backward pass, DDP's reducer keeps
+        # what it found unused there for the next backward pass, whatever forward passes run between:
+        # one that leaves a parameter unused on some rank hangs (every rank uses every parameter there)
+        self.stale_forward = False
+        self.cleared_since_local = False  # and since it, gradients set to None
+        self.refusal: str | None = None
+
+    # -- talking to the ranks ------------------------------------------------------------------
+    def _ask(self, message: tuple) -> list[dict]:
+        ranks = cluster(self.cluster_name, self.cluster_env)
+        try:
+            answers = ranks.ask(message)
+        except Hang:
+            self.running = False
+            forget(self.cluster_name)
+            raise
+        failed = [(rank, body) for rank, (status, body) in enumerate(answers) if status != "ok"]
+        if failed:
+            self._failed(message, failed, len(answers))
+        return [body for _, body in answers]
+
+    def _failed(self, message: tuple, failed: list[tuple[int, dict]], world: int) -> None:
+        rank, body = failed[0]
+        said = f"rank {rank}, {body['side']}: {body['type']}: {body['message']}\n{body['traceback']}"
+        if body["side"] == "reference":
+            self._abandon()
+            raise AssertionError(f"torch's DDP refused {message[:2]}: the program is not one DDP accepts "
+                                 f"(a precondition of tests/distributed/programs.py is missing)\n{said}")
+        documented = [name for name, pattern in REFUSALS.items() if re.search(pattern, body["message"])]
+        if len(failed) == world and body["gradsched"] and documented and all(
+                b["gradsched"] and b["message"] == body["message"] for _, b in failed):
+            self.refusal = documented[0]
+            STATS[f"refused: {documented[0]}"] += 1
+            self._abandon()
+            return
+        self._abandon()
+        raise AssertionError(f"gradsched failed {message[:2]} where DDP did not\n{said}")
+
+    def _abandon(self) -> None:
+        """Drop both sides after a failure (the ranks stay up when they can)."""
+        self.running = False
+        try:
+            cluster(self.cluster_name, self.cluster_env).ask(("drop",), timeout_s=30)
+        except Exception:  # noqa: BLE001 - a rank stuck after the failure: start anew
+            forget(self.cluster_name)
+
+    def call(self, name: str, **kwargs: Any) -> None:
+        """Run one call on both sides of every rank; what each gave must be equal."""
+        if not self.running:
+            return
+        STATS["calls"] += 1
+        answers = self._ask(("call", name, kwargs))
+        if not self.running:  # refused
+            return
+        for rank, answer in enumerate(answers):
+            found = differences(answer["reference"], answer["replica"], name, self.tolerance)
+            if found:
+                raise AssertionError(f"rank {rank}: {name}({kwargs}) differs from DDP:\n" + "\n".join(found[:12]))
+
+    # -- the configuration ---------------------------------------------------------------------
+    @initialize(config=CONFIGS)
+    def begin(self, config: dict) -> None:
+        self.config = config
+        self.running = True
+        STATS["programs"] += 1
+        self._ask(("begin", config))
+
+    def teardown(self) -> None:
+        if not self.running:
+            return
+        answers = self._ask(("end",))
+        if not self.running:
+            return
+        for rank, answer in enumerate(answers):
+            found = differences(answer["reference"], answer["replica"], "final", self.tolerance)
+            if found:
+                raise AssertionError(f"rank {rank}: the final state differs from DDP:\n" + "\n".join(found[:12]))
+        STATS["compared"] += 1
+
+    def _unused_ok(self) -> bool:
+        return self.config.get("find_unused", False)
+
+    def _used(self, use_side: list[bool], forward_syncs: bool) -> list[bool]:
+        """Which ranks use the side layer in a forward pass (which ``forward_syncs``)."""
+        communicates = forward_syncs or self.stale_forward
+        if not self._unused_ok() or (communicates and self.local_since_sync and self.cleared_since_local) or (
+                self.stale_forward and not forward_syncs):
+            return [True, True]
+        return use_side
+
+    def _backward_ran(self, syncs: bool) -> None:
+        self.grads = True
+        self.stale_forward = False
+        if syncs:
+            self.local_since_sync = self.cleared_since_local = False
+        else:
+            self.local_since_sync = True
+
+    def _cleared(self, how: str) -> None:
+        if how in CLEARED:
+            self.grads = False
+            self.cleared_since_local = self.local_since_sync
+        self.averaged = False  # (zeroed: a backward pass adds to exact zeros)
+
+    # -- the calls -----------------------------------------------------------------------------
+    @rule(seed=SEEDS, use_side=st.lists(st.booleans(), min_size=2, max_size=2), sync=st.sampled_from(SYNCS),
+          losses=st.sampled_from(("one", "one", "sum", "retain")))
+    def train(self, seed: int, use_side: list[bool], sync: str, losses: str) -> None:
+        """A forward pass and its backward pass (or two, where DDP allows it)."""
+        use_side = self._used(use_side, sync == "yes")
+        communicates = sync == "yes" or self.stale_forward  # (DDP's reducer: see stale_forward)
+        if self.averaged and self.config["architecture"] != "allreduce":
+            self.tolerance = SHARDED_TOLERANCE
+        self.call("train", seed=seed, use_side=use_side, sync=sync, losses=losses)
+        self._backward_ran(communicates)
+        self.averaged = self.averaged or communicates
+
+    @rule(seeds=st.lists(SEEDS, min_size=1, max_size=4), zero=st.sampled_from(ZEROS))
+    def iterations(self, seeds: list[int], zero: str) -> None:
+        """The plain loop, a few times: forward, backward, step, clear (the hand-off comes sooner)."""
+        for seed in seeds:
+            if self.averaged and self.config["architecture"] != "allreduce":
+                self.tolerance = SHARDED_TOLERANCE
+            self.averaged = False  # each iteration clears what the one before left
+            self.call("train", seed=seed, use_side=[True, True], sync="yes", losses="one")
+            self._backward_ran(True)
+            self.call("step", closure_seed=None, use_side=[True, True])
+            self.call("zero", how=zero)
+            self._cleared(zero)
+
+    @rule(seed=SEEDS, grad=st.booleans())
+    def evaluate(self, seed: int, grad: bool) -> None:
+        self.call("evaluate", seed=seed, grad=grad)
+        self.stale_forward = self.stale_forward or grad
+
+    @rule(train=st.booleans())
+    def mode(self, train: bool) -> None:
+        self.call("mode", train=train)
+
+    @rule(how=st.sampled_from(ZEROS))
+    def zero(self, how: str) -> None:
+        self.call("zero", how=how)
+        self._cleared(how)
+
+    @rule(closure_seed=st.none() | SEEDS, use_side=st.lists(st.booleans(), min_size=2, max_size=2))
+    def step(self, closure_seed: int | None, use_side: list[bool]) -> None:
+        if closure_seed is not None:  # the closure: zero_grad(), a forward pass that syncs, backward()
+            self._cleared("optimizer")
+            use_side = self._used(use_side, True)
+        self.call("step", closure_seed=closure_seed, use_side=use_side)
+        if closure_seed is not None:
+            self._backward_ran(True)
+            self.averaged = True
+
+    @rule()
+    def read_grads(self) -> None:
+        self.call("read_grads")
+
+    @rule(seed=SEEDS)
+    def set_grads(self, seed: int) -> None:
+        self.call("set_grads", seed=seed)
+        self.grads = True
+        self.averaged = False
+
+    @rule(how=st.sampled_from(("norm", "value", "wrapper_norm", "wrapper_value")),
+          value=st.sampled_from((0.01, 0.1, 1.0)))
+    def clip(self, how: str, value: float) -> None:
+        if how.endswith("value") and not self.grads:
+            how = how.replace("value", "norm")
+        if how.endswith("norm") and self.averaged and self.config["architecture"] != "allreduce":
+            self.tolerance = SHARDED_TOLERANCE  # the global norm from the shards' norms: summed in another order
+        self.call("clip", how=how, value=value)
+
+    @rule(factor=st.sampled_from((0.5, 2.0)))
+    def learning_rate(self, factor: float) -> None:
+        self.call("learning_rate", factor=factor)
+
+    @precondition(lambda self: self.config.get("scheduler"))
+    @rule()
+    def schedule(self) -> None:
+        self.call("schedule")
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.call("checkpoint")
+        self.saved = True
+
+    @precondition(lambda self: self.saved)
+    @rule()
+    def restore(self) -> None:
+        self.call("restore")
+
+    @rule(seconds=st.lists(st.sampled_from(PAUSES), min_size=2, max_size=2))
+    def pause(self, seconds: list[float]) -> None:
+        """Time passes on gradsched's side (each rank its own): queued and finished both happen."""
+        self.call("pause", seconds=seconds)
