@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 import secrets
 import signal
@@ -111,7 +112,7 @@ class Cluster:
                 self.dump_stacks()
                 raise Hang(f"rank {rank} did not answer {message[:2]} within {timeout_s or self.timeout_s:.0f} s"
                            f"\n{self.output()}")
-            answers.append(connection.recv())
+            answers.append(pickle.loads(connection.recv_bytes()))  # (by value: workers/differential.py)
         return answers
 
     def dump_stacks(self) -> None:
@@ -149,10 +150,10 @@ class Cluster:
 _clusters: dict[str, Cluster] = {}
 
 
-def cluster(name: str = "gloo", env: dict | None = None) -> Cluster:
+def cluster(name: str = "gloo", env: dict | None = None, world: int = 2) -> Cluster:
     """The cluster of this name, started on first use (again after a hang killed it)."""
     if name not in _clusters:
-        _clusters[name] = Cluster(env=env)
+        _clusters[name] = Cluster(world, env=env)
     return _clusters[name]
 
 
@@ -210,22 +211,27 @@ def _describe(value: Any) -> str:
 
 
 # -- the programs ------------------------------------------------------------------------------
-CONFIGS = st.fixed_dictionaries({
-    "api": st.sampled_from(("ddp", "wrap")),
-    "policy": st.sampled_from(POLICIES),
-    "architecture": st.sampled_from(("allreduce", "allreduce", *ARCHITECTURES)),
-    "optimizer": st.sampled_from(OPTIMIZERS),
-    "scheduler": st.booleans(),
-    "find_unused": st.booleans(),
-    "float64": st.booleans(),
-    "comm": st.sampled_from(("none", "none", "bf16", "hook")),
-    "handoff": st.booleans(),
-    "emulated": st.booleans(),
-    "seed": st.integers(0, 3),
-}).map(lambda c: {**c, "comm": "none"} if c["comm"] == "bf16" and c["architecture"] == "sharded" else c)
-# (sharded compression also rounds the parameters to the wire dtype, as documented, which no DDP hook
-# does: it is compared with its own reference in tests/distributed/test_sharded.py; fully sharded
-# refuses compression, and is drawn with it to see the refusal)
+@st.composite
+def configs(draw: Any) -> dict:
+    """A program's configuration. Sharded architectures refuse ``find_unused_parameters`` and
+    communication hooks (a documented GradschedError at the wrap): drawn there a quarter of the
+    time, to see the refusal. Sharded compression also rounds the parameters to the wire dtype (as
+    documented), which no DDP hook does: not drawn there (tests/distributed/test_sharded.py compares
+    it with its own reference); fully sharded refuses it, and is drawn with it to see the refusal."""
+    architecture = draw(st.sampled_from(("allreduce", "allreduce", *ARCHITECTURES)))
+    sharded = architecture != "allreduce"
+    rarely = st.sampled_from((False, False, False, True)) if sharded else st.booleans()
+    comm = draw(st.sampled_from(("none", "none", "bf16", "hook")))
+    if sharded and (comm == "hook" and not draw(rarely) or comm == "bf16" and architecture == "sharded"):
+        comm = "none"
+    return {"api": draw(st.sampled_from(("ddp", "wrap"))), "policy": draw(st.sampled_from(POLICIES)),
+            "architecture": architecture, "optimizer": draw(st.sampled_from(OPTIMIZERS)),
+            "scheduler": draw(st.booleans()), "find_unused": draw(rarely), "float64": draw(st.booleans()),
+            "comm": comm, "handoff": draw(st.booleans()), "emulated": draw(st.booleans()),
+            "seed": draw(st.integers(0, 3))}
+
+
+CONFIGS = configs()
 SEEDS = st.integers(0, 50)
 
 
@@ -234,7 +240,7 @@ class Program(RuleBasedStateMachine):
 
     cluster_name = "gloo"  # which cluster (a subclass may run on one started with a planted defect)
     cluster_env: dict | None = None
-    configs = CONFIGS
+    world = 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -242,23 +248,24 @@ class Program(RuleBasedStateMachine):
         self.running = False  # begun, and not refused since
         self.saved = False  # a checkpoint was taken
         self.grads = False  # some parameter holds a gradient (torch's clip_grad_value_ raises over none)
+        self.long_run = False  # the program ran past the measured trial
         self.averaged = False  # the gradients hold an average (a backward pass that synced, no zero_grad since)
         self.tolerance = 0.0  # exact, until the program leaves DDP's arithmetic (SHARDED_TOLERANCE)
         # torch's DDP with find_unused_parameters fails (a hang, or "Encountered gradient which is
-        # undefined, but still allreduced") where a backward pass under no_sync() was followed by
-        # gradients set to None and then a backward pass that syncs and leaves a parameter unused on
-        # some rank: such programs are not drawn (every rank uses every parameter there)
-        self.local_since_sync = False  # a backward pass under no_sync() since the latest that synced
-        # ... and where a forward pass with gradients that syncs had no backward pass, DDP's reducer keeps
-        # what it found unused there for the next backward pass, whatever forward passes run between:
-        # one that leaves a parameter unused on some rank hangs (every rank uses every parameter there)
-        self.stale_forward = False
-        self.cleared_since_local = False  # and since it, gradients set to None
+        # undefined, but still allreduced by DDP reducer") where a backward pass that syncs leaves a
+        # parameter unused on some rank after what its reducer keeps from an irregular pass: a
+        # backward pass under no_sync() followed by gradients set to None; a forward pass with
+        # gradients and no backward pass (the reducer keeps what it found unused there for the next
+        # backward pass, whatever forward passes run between); a second backward pass over one
+        # forward pass. After any of these, until a plain backward pass that syncs, every rank uses
+        # every parameter (the bugs are DDP's: such programs have no reference)
+        self.irregular = False
+        self.stale_forward = False  # a forward pass with gradients that syncs and has no backward pass yet
         self.refusal: str | None = None
 
     # -- talking to the ranks ------------------------------------------------------------------
     def _ask(self, message: tuple) -> list[dict]:
-        ranks = cluster(self.cluster_name, self.cluster_env)
+        ranks = cluster(self.cluster_name, self.cluster_env, self.world)
         try:
             answers = ranks.ask(message)
         except Hang:
@@ -291,7 +298,7 @@ class Program(RuleBasedStateMachine):
         """Drop both sides after a failure (the ranks stay up when they can)."""
         self.running = False
         try:
-            cluster(self.cluster_name, self.cluster_env).ask(("drop",), timeout_s=30)
+            cluster(self.cluster_name, self.cluster_env, self.world).ask(("drop",), timeout_s=30)
         except Exception:  # noqa: BLE001 - a rank stuck after the failure: start anew
             forget(self.cluster_name)
 
@@ -306,11 +313,15 @@ class Program(RuleBasedStateMachine):
         for rank, answer in enumerate(answers):
             found = differences(answer["reference"], answer["replica"], name, self.tolerance)
             if found:
+                STATS["differed"] += 1
                 raise AssertionError(f"rank {rank}: {name}({kwargs}) differs from DDP:\n" + "\n".join(found[:12]))
 
     # -- the configuration ---------------------------------------------------------------------
     @initialize(config=CONFIGS)
     def begin(self, config: dict) -> None:
+        self.start(config)
+
+    def start(self, config: dict) -> None:
         self.config = config
         self.running = True
         STATS["programs"] += 1
@@ -322,35 +333,31 @@ class Program(RuleBasedStateMachine):
         answers = self._ask(("end",))
         if not self.running:
             return
+        facts = answers[0].get("facts") or {}
+        STATS["handed off"] += int(bool(facts.get("handed_off")))
         for rank, answer in enumerate(answers):
             found = differences(answer["reference"], answer["replica"], "final", self.tolerance)
             if found:
+                STATS["differed"] += 1
                 raise AssertionError(f"rank {rank}: the final state differs from DDP:\n" + "\n".join(found[:12]))
         STATS["compared"] += 1
 
     def _unused_ok(self) -> bool:
         return self.config.get("find_unused", False)
 
-    def _used(self, use_side: list[bool], forward_syncs: bool) -> list[bool]:
-        """Which ranks use the side layer in a forward pass (which ``forward_syncs``)."""
-        communicates = forward_syncs or self.stale_forward
-        if not self._unused_ok() or (communicates and self.local_since_sync and self.cleared_since_local) or (
-                self.stale_forward and not forward_syncs):
-            return [True, True]
-        return use_side
+    def _used(self, use_side: list[bool]) -> list[bool]:
+        """Which ranks use the side layer in a forward pass (see ``irregular``)."""
+        return use_side if self._unused_ok() and not self.irregular else [True, True]
 
-    def _backward_ran(self, syncs: bool) -> None:
+    def _backward_ran(self, regular: bool = True) -> None:
+        """A backward pass ran: ``regular``, one backward pass over a forward pass that synced."""
         self.grads = True
+        self.irregular = not regular
         self.stale_forward = False
-        if syncs:
-            self.local_since_sync = self.cleared_since_local = False
-        else:
-            self.local_since_sync = True
 
     def _cleared(self, how: str) -> None:
         if how in CLEARED:
             self.grads = False
-            self.cleared_since_local = self.local_since_sync
         self.averaged = False  # (zeroed: a backward pass adds to exact zeros)
 
     # -- the calls -----------------------------------------------------------------------------
@@ -358,12 +365,12 @@ class Program(RuleBasedStateMachine):
           losses=st.sampled_from(("one", "one", "sum", "retain")))
     def train(self, seed: int, use_side: list[bool], sync: str, losses: str) -> None:
         """A forward pass and its backward pass (or two, where DDP allows it)."""
-        use_side = self._used(use_side, sync == "yes")
+        use_side = self._used(use_side)
         communicates = sync == "yes" or self.stale_forward  # (DDP's reducer: see stale_forward)
         if self.averaged and self.config["architecture"] != "allreduce":
             self.tolerance = SHARDED_TOLERANCE
         self.call("train", seed=seed, use_side=use_side, sync=sync, losses=losses)
-        self._backward_ran(communicates)
+        self._backward_ran(regular=sync == "yes" and losses != "retain")
         self.averaged = self.averaged or communicates
 
     @rule(seeds=st.lists(SEEDS, min_size=1, max_size=4), zero=st.sampled_from(ZEROS))
@@ -374,15 +381,24 @@ class Program(RuleBasedStateMachine):
                 self.tolerance = SHARDED_TOLERANCE
             self.averaged = False  # each iteration clears what the one before left
             self.call("train", seed=seed, use_side=[True, True], sync="yes", losses="one")
-            self._backward_ran(True)
+            self._backward_ran()
             self.call("step", closure_seed=None, use_side=[True, True])
             self.call("zero", how=zero)
             self._cleared(zero)
+
+    @precondition(lambda self: self.config.get("handoff") and not self.long_run)
+    @rule(seeds=st.lists(SEEDS, min_size=8, max_size=8), zero=st.sampled_from(ZEROS))
+    def run_past_the_trial(self, seeds: list[int], zero: str) -> None:
+        """Eight iterations: the measured trial decides (for the buckets: fallback_gain 0.99) and,
+        but with fifo, hands them to DDP's reducer; the program goes on past it."""
+        self.long_run = True
+        self.iterations(seeds, zero)
 
     @rule(seed=SEEDS, grad=st.booleans())
     def evaluate(self, seed: int, grad: bool) -> None:
         self.call("evaluate", seed=seed, grad=grad)
         self.stale_forward = self.stale_forward or grad
+        self.irregular = self.irregular or grad
 
     @rule(train=st.booleans())
     def mode(self, train: bool) -> None:
@@ -397,10 +413,10 @@ class Program(RuleBasedStateMachine):
     def step(self, closure_seed: int | None, use_side: list[bool]) -> None:
         if closure_seed is not None:  # the closure: zero_grad(), a forward pass that syncs, backward()
             self._cleared("optimizer")
-            use_side = self._used(use_side, True)
+            use_side = self._used(use_side)
         self.call("step", closure_seed=closure_seed, use_side=use_side)
         if closure_seed is not None:
-            self._backward_ran(True)
+            self._backward_ran()
             self.averaged = True
 
     @rule()
@@ -445,3 +461,21 @@ class Program(RuleBasedStateMachine):
     def pause(self, seconds: list[float]) -> None:
         """Time passes on gradsched's side (each rank its own): queued and finished both happen."""
         self.call("pause", seconds=seconds)
+
+
+SERVER_CONFIGS = CONFIGS.map(lambda c: {**c, "architecture": "ps", "api": "wrap",
+                                        "comm": "bf16" if c["comm"] == "bf16" else "none"})
+# (parameter servers need gradsched.wrap, and refuse communication hooks: both at the wrap, tested in
+# tests/runtime/test_ddp_wrapper.py and tests/distributed/test_architecture_contract.py)
+
+
+class ServerProgram(Program):
+    """A program under ``architecture="ps"``: two workers and a parameter server (a third rank),
+    DDP over the two workers the reference."""
+
+    cluster_name = "ps"
+    world = 3
+
+    @initialize(config=SERVER_CONFIGS)
+    def begin(self, config: dict) -> None:
+        self.start(config)

@@ -12,6 +12,11 @@ event behind it). Both are right on gloo, where a future is done once reduced, a
 NCCL, where it is done once queued: the equality tests under the emulated NCCL must fail on
 them, and do (tests/distributed/test_nccl_semantics.py).
 
+``grad-at-apply``: a deferred update that reads ``.grad`` when it is applied (in the module's next
+forward pass), not the gradient ``step()`` was called on: what gradsched did before the
+differential tests (tests/distributed/test_differential.py) found that ``model.zero_grad()`` or
+``p.grad = None`` after ``step()`` loses the update, and the generated programs must fail on it.
+
 ``no-reduction``:
 every architecture's transport (all-reduce, push and pull to parameter servers, the sharded
 reduce-scatter) hands each rank's own gradients back as if reduced (no division, no
@@ -83,3 +88,21 @@ if os.environ.get("GRADSCHED_MUTANT") == "done-is-reduced":
         self._ended.put((self.device.record(), finished, None))
 
     completion.OrderedCompletion._resolve_one = _done_is_reduced
+
+if os.environ.get("GRADSCHED_MUTANT") == "grad-at-apply":
+    from gradsched.runtime.training import inflight, updates
+
+    class _AtApply:
+        """Stands for ``.grad`` as it is when the action is applied."""
+
+        def __init__(self, param):
+            self.param = param
+
+    def _enqueue_late(self, i, action):
+        self.queue.setdefault(i, []).append((action, _AtApply(self.params[i])))
+
+    def _late_plain(t):
+        return inflight.plain(t.param.grad) if isinstance(t, _AtApply) else inflight.plain(t)
+
+    updates.DeferredUpdates._enqueue = _enqueue_late
+    updates.plain = _late_plain

@@ -22,8 +22,10 @@ import contextlib
 import copy
 import faulthandler
 import os
+import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Client
@@ -98,6 +100,56 @@ def make_optimizer(kind: str, params: list[nn.Parameter], named: list[tuple[str,
     raise ValueError(kind)
 
 
+def replica_options(config: dict) -> dict:
+    """gradsched's options for ``config`` (with servers: the last rank serves)."""
+    options = dict(policy=config["policy"], policy_options=POLICY_OPTIONS[config["policy"]],
+                   find_unused_parameters=config["find_unused"], profile_rounds=1, replan_every=3)
+    if config["handoff"]:  # the measured trial keeps the buckets and hands them to DDP's reducer
+        options.update(fallback=True, fallback_gain=0.99, trial_rounds=3, trial_pairs=1, trial_extra_pairs=0)
+    else:
+        options.update(fallback=False)
+    if config["architecture"] == "ps":
+        options.update(architecture="ps", servers=1)
+    elif config["architecture"] != "allreduce":
+        options["architecture"] = config["architecture"]
+    if config["comm"] == "bf16":
+        options["compression"] = "bf16"
+    return options
+
+
+class ParameterServer:
+    """The last rank under ``architecture="ps"``: ``gradsched.wrap`` serves (in a thread of its
+    own, so that this rank still answers the test) until the workers close."""
+
+    def __init__(self, config: dict) -> None:
+        self.error: BaseException | None = None
+        torch.manual_seed(config["seed"])
+        net = Net(config["float64"])
+        named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+        options = replica_options(config)
+        optimizer = make_optimizer(config["optimizer"], [p for _, p in named], named)
+        if config["emulated"]:
+            os.environ["GRADSCHED_EMULATE_NCCL"] = EMULATION_LATENCY
+
+        def serve() -> None:
+            try:
+                gradsched.wrap(net, optimizer, **options)
+            except BaseException as exc:  # noqa: BLE001 - reported at the end
+                self.error = exc
+            finally:
+                os.environ.pop("GRADSCHED_EMULATE_NCCL", None)
+
+        self.thread = threading.Thread(target=serve, name="parameter-server", daemon=True)
+        self.thread.start()
+
+    def end(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the parameter server did not return within {timeout_s:.0f} s of the workers' close")
+        if self.error is not None:
+            raise self.error
+
+
 def plain(t: torch.Tensor | None) -> torch.Tensor | None:
     """A detached copy of what code reading ``t`` sees: the whole tensor (a DTensor gathered)."""
     if t is None:
@@ -121,7 +173,8 @@ def tensors_of(value: Any) -> Any:
 class Side:
     """One way of training the model: the reference (torch's DDP) or the replica (gradsched)."""
 
-    def __init__(self, config: dict, rank: int, reference: bool) -> None:
+    def __init__(self, config: dict, rank: int, reference: bool, workers: Any = None) -> None:
+        """``workers``: the workers' group where the world holds parameter servers too (DDP's)."""
         self.config, self.rank, self.reference = config, rank, reference
         self.api = "torch" if reference else config["api"]
         torch.manual_seed(config["seed"])
@@ -130,20 +183,11 @@ class Side:
         find_unused = config["find_unused"]
         named = [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
         if reference:
-            self.model = TorchDDP(self.net, find_unused_parameters=find_unused)
-            self._ddp_hook(self.model)
+            self.model = TorchDDP(self.net, find_unused_parameters=find_unused, process_group=workers)
+            self._ddp_hook(self.model, workers)
             self.optimizer = make_optimizer(config["optimizer"], [p for _, p in named], named)
         else:
-            options = dict(policy=config["policy"], policy_options=POLICY_OPTIONS[config["policy"]],
-                           find_unused_parameters=find_unused, profile_rounds=1, replan_every=3)
-            if config["handoff"]:  # the measured trial keeps the buckets and hands them to DDP's reducer
-                options.update(fallback=True, fallback_gain=0.99, trial_rounds=3, trial_pairs=1, trial_extra_pairs=0)
-            else:
-                options.update(fallback=False)
-            if config["architecture"] != "allreduce":
-                options["architecture"] = config["architecture"]
-            if config["comm"] == "bf16":
-                options["compression"] = "bf16"
+            options = replica_options(config)
             if config["emulated"]:
                 os.environ["GRADSCHED_EMULATE_NCCL"] = EMULATION_LATENCY
             try:
@@ -162,11 +206,12 @@ class Side:
         self.scheduler = (torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=2, gamma=0.7)
                           if config["scheduler"] else None)
 
-    def _ddp_hook(self, model: TorchDDP) -> None:
+    def _ddp_hook(self, model: TorchDDP, group: Any) -> None:
+        """The hook's state is the group it reduces on (None: every rank)."""
         if self.config["comm"] == "bf16":  # (torch's bf16_compress_hook wants NCCL: the same hook for gloo)
-            model.register_comm_hook(None, ddp_hook(torch.bfloat16))
+            model.register_comm_hook(group, ddp_hook(torch.bfloat16))
         elif self.config["comm"] == "hook":
-            model.register_comm_hook(None, default_hooks.allreduce_hook)
+            model.register_comm_hook(group, default_hooks.allreduce_hook)
 
     # -- what the user holds ----------------------------------------------------------------
     def no_sync(self):
@@ -341,6 +386,13 @@ class Side:
         return {"model": tensors_of(model), "optimizer": tensors_of(self.optimizer_state()),
                 "grads": self.read_grads()}
 
+    def facts(self) -> dict:
+        """What the run reached (counted by the test, not compared): the hand-off to DDP's reducer."""
+        if self.reference:
+            return {}
+        stats = (self.optimizer if self.api == "wrap" else self.model).stats
+        return {"handed_off": stats.handed_off_round is not None, "rounds": stats.rounds}
+
     def close(self) -> None:
         if not self.reference:
             (self.model if self.api == "ddp" else self.optimizer).close()
@@ -360,10 +412,15 @@ def _failure(side: str, exc: BaseException) -> tuple[str, dict]:
 
 
 class Server:
-    def __init__(self, connection: Any, rank: int) -> None:
-        self.connection, self.rank = connection, rank
+    """This rank's side of the test's programs: a worker, or (the last rank of a world with
+    parameter servers, under ``architecture="ps"``) a server, which has nothing to call."""
+
+    def __init__(self, connection: Any, rank: int, workers: Any = None) -> None:
+        self.connection, self.rank, self.workers = connection, rank, workers
+        self.serves = workers is not None and rank >= 2  # the last rank of a world with a server
         self.reference: Side | None = None
         self.replica: Side | None = None
+        self.server: ParameterServer | None = None
 
     def serve(self) -> None:
         while True:
@@ -371,15 +428,19 @@ class Server:
             if message[0] == "quit":
                 self._drop(wait=False)
                 return
-            self.connection.send(self.handle(message))
+            # tensors by value (Connection.send would share their memory through torch's reductions,
+            # which an interpreter not forked from the test's cannot attach to)
+            self.connection.send_bytes(pickle.dumps(self.handle(message)))
 
     def handle(self, message: tuple) -> tuple[str, Any]:
+        if self.serves:
+            return self._as_server(message)
         kind = message[0]
         if kind == "begin":
             self._drop(wait=False)
             config = message[1]
             try:
-                self.reference = Side(config, self.rank, reference=True)
+                self.reference = Side(config, self.rank, reference=True, workers=self.workers)
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 return _failure("reference", exc)
             if config.get("reference_only"):  # (debugging a program: is it one DDP accepts?)
@@ -408,16 +469,31 @@ class Server:
                     results[side] = getattr(self, side).final()
                 except BaseException as exc:  # noqa: BLE001
                     return _failure(side, exc)
+            results.setdefault("replica", results["reference"])
+            results["facts"] = self.replica.facts()
             try:
                 self._drop(wait=True)
             except BaseException as exc:  # noqa: BLE001
                 return _failure("replica", exc)
-            results.setdefault("replica", results["reference"])
             return "ok", results
         if kind == "drop":
             self._drop(wait=False)
             return "ok", {}
         raise ValueError(kind)
+
+    def _as_server(self, message: tuple) -> tuple[str, Any]:
+        """Serve from "begin" to "end"; every call in between answers that nothing was called here."""
+        kind = message[0]
+        if kind == "begin":
+            self.server = ParameterServer(message[1])
+        elif kind in ("end", "drop") and self.server is not None:
+            server, self.server = self.server, None
+            try:
+                server.end(60.0 if kind == "end" else 10.0)
+            except BaseException as exc:  # noqa: BLE001
+                if kind == "end":
+                    return _failure("replica", exc)
+        return "ok", {"reference": None, "replica": None}
 
     def _drop(self, wait: bool) -> None:
         replica, self.replica, self.reference = self.replica, None, None
@@ -435,9 +511,11 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    # with three ranks the last one is a parameter server: DDP, the reference, trains on the workers' group
+    workers = dist.new_group([0, 1]) if dist.get_world_size() == 3 else None
     connection = Client((host, port), authkey=key)
     connection.send(("hello", rank))
-    Server(connection, rank).serve()
+    Server(connection, rank, workers).serve()
     connection.close()
     dist.destroy_process_group()
     sys.stdout.flush()
