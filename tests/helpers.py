@@ -41,7 +41,7 @@ def moved_by_elastic_example(final: dict) -> float:
     spec = importlib.util.spec_from_file_location("train_elastic", ELASTIC_EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    return max(float((final[name] - p).abs().max()) for name, p in example.make_model().state_dict().items())
+    return max(float((final[name] - p).abs().nan_to_num(float("inf")).max()) for name, p in example.make_model().state_dict().items())
 
 
 class LiveTemporaries(TorchDispatchMode):

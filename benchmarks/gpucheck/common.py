@@ -124,7 +124,7 @@ def state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((a[n] - b[n]).abs().max().item() for n in b)
+    return max((a[n] - b[n]).abs().nan_to_num(float("inf")).max().item() for n in b)
 
 
 def mlp(width: int, depth: int, out: int) -> nn.Sequential:

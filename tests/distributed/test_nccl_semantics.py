@@ -90,6 +90,30 @@ def test_planted_defects_fail_under_the_emulation_and_pass_unseen_on_gloo(tmp_pa
     assert all(r["max_abs_diff"] <= TOLERANCE for r in on_gloo[0].values()), on_gloo[0]
 
 
+@pytest.mark.parametrize("mutant", ["copy-back-returns-nothing", "producer-unwaited", "released-early"])
+def test_what_cuda_orders_differently_is_caught_by_the_emulation(tmp_path, mutant):
+    """tests/mutant, each a defect the emulation models since issue 54 and gloo cannot show:
+    ``copy-back-returns-nothing`` (a ``then`` callback whose value holds no tensor: its CUDA
+    future records no event), ``producer-unwaited`` (a message packed without waiting for the
+    streams that produced its gradients), ``released-early`` (a packed message's buffer let go
+    of before its copy back ran: the caching allocator's next allocation). Under the emulation
+    each fails (an EmulationError, or gradients off by more than 100x the tolerance); on gloo with
+    the CUDA path's ordered completion each passes."""
+    cases, policies = ("two_backward",), ("prophet",)
+    planted = {**MUTANT, "GRADSCHED_MUTANT": mutant}
+    out = tmp_path / "emulated.json"
+    results = run_ranks("nccl_semantics", 2, str(out), "--cases", ",".join(cases), "--policies", "prophet",
+                        "--apis", "ddp", "--pause", str(PAUSE), env={**EMULATED, **planted}, timeout=900)
+    if all(r.returncode == 0 for r in results):
+        reports = json.loads(out.read_text())
+        assert all(r["max_abs_diff"] > 100 * TOLERANCE for r in reports[0].values()), reports[0]
+    else:
+        assert any("EmulationError" in r.stderr for r in results), \
+            [r.stderr[-2000:] for r in results]
+    on_gloo = semantics(tmp_path, cases, policies, ("ddp",), {"GRADSCHED_ORDERED_COMPLETION": "1", **planted}, "gloo")
+    assert all(r["max_abs_diff"] <= TOLERANCE for r in on_gloo[0].values()), on_gloo[0]
+
+
 def test_the_next_forward_pass_overlaps_the_messages_of_the_round_before(tmp_path):
     """Every collective takes 30 ms on its stream: a round's messages keep the data group's
     stream busy into the next forward pass. ``step()`` applies no update whose message is still

@@ -17,6 +17,15 @@ forward pass), not the gradient ``step()`` was called on: what gradsched did bef
 differential tests (tests/distributed/test_differential.py) found that ``model.zero_grad()`` or
 ``p.grad = None`` after ``step()`` loses the update, and the generated programs must fail on it.
 
+``copy-back-returns-nothing``: the copy back of a message that travelled in a temporary buffer
+returns None, as it did before issue 54: on CUDA its future then records no event (c10 records
+events for the devices of the tensors a future's value holds), so nothing orders a consumer
+after the copy. The emulated NCCL must catch it (tests/distributed/test_nccl_semantics.py).
+``producer-unwaited``: the launcher packs a message without waiting for the events where its
+gradients were produced. ``released-early``: the launcher lets go of a packed message's buffer
+once it is issued, before the copy back read it (the caching allocator hands such memory to
+the next allocation). Both right on gloo; the emulation must catch them.
+
 ``no-reduction``:
 every architecture's transport (all-reduce, push and pull to parameter servers, the sharded
 reduce-scatter) hands each rank's own gradients back as if reduced (no division, no
@@ -106,3 +115,28 @@ if os.environ.get("GRADSCHED_MUTANT") == "grad-at-apply":
 
     updates.DeferredUpdates._enqueue = _enqueue_late
     updates.plain = _late_plain
+
+if os.environ.get("GRADSCHED_MUTANT") == "copy-back-returns-nothing":
+    from gradsched.runtime.comm import launcher
+
+    _copy_back = launcher._copy_back
+
+    def _returns_nothing(result, views, future):
+        _copy_back(result, views, future)
+
+    launcher._copy_back = _returns_nothing
+
+if os.environ.get("GRADSCHED_MUTANT") == "producer-unwaited":
+    from gradsched.runtime.comm import launcher
+
+    _launch = launcher.Launcher._launch
+
+    def _unwaited(self, state, k, message, grads, idle, produced):
+        _launch(self, state, k, message, grads, idle, [])  # no producer's event to wait for
+
+    launcher.Launcher._launch = _unwaited
+
+if os.environ.get("GRADSCHED_MUTANT") == "released-early":
+    from gradsched.runtime.comm import launcher
+
+    launcher.RoundState.hold = lambda self, k, buffers: None  # the packed buffers not kept until the message ends

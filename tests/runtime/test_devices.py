@@ -245,3 +245,86 @@ def test_a_read_that_skips_the_event_sees_the_value_from_before_the_reduction():
     future.wait()
     assert skipped.tolist() == [5.0] * 3 and buffer.tolist() == [10.0] * 3
     device.close()
+
+
+# -- where CUDA orders differently (issue 54): each rule, and the defect it catches ------------------
+def test_a_callback_that_returns_no_tensor_gives_a_child_that_orders_nothing():
+    """c10's rule: a CUDA future records events for the devices of the tensors its value holds. A
+    copy back that returns nothing leaves its child without events, so a consumer waiting for it
+    is not ordered after the copy: here its waiter fails; one that returns what it wrote orders."""
+    device = EmulatedNccl(latency_s=0.05)
+    buffer, copy = torch.ones(2), torch.zeros(2)
+    def copy_back(f):
+        copy.copy_(f.value()[0])  # returns nothing
+
+    returns_nothing = device.issue(GROUP, doubling(buffer)).then(copy_back)
+    with pytest.raises(EmulationError, match="returned no tensor"):
+        returns_nothing.wait()
+    copy.zero_()
+    returns_it = device.issue(GROUP, doubling(buffer)).then(lambda f: [copy.copy_(f.value()[0])])
+    with device.own_stream("completion"):
+        returns_it.wait()  # a stream orders itself after the copy
+        end = device.record()
+    end.synchronize(5)
+    assert copy.tolist() == [4.0, 4.0]
+    device.close()
+
+
+def test_a_gradient_reads_as_nan_until_its_producers_event():
+    """The training stream lags: a consumer that waits for the event ``produced`` returned reads
+    the gradient; one that does not reads NaN (the launcher that skips its wait)."""
+    device = EmulatedNccl(latency_s=0.05)
+    grad = torch.full((3,), 2.0)
+    produced = device.produced(written=grad)
+    with device.own_stream("launcher"):
+        skipped = grad.clone()  # no wait: packed at once
+        device.wait_for([produced.event])  # the launcher's wait (its tensor work is the host's here)
+        waited = grad.clone()
+    assert skipped.isnan().all() and waited.tolist() == [2.0] * 3
+    assert device.produced() is None and device.produced(written=torch.zeros(2, dtype=torch.int64)) is None
+    later = device.produced(written=torch.ones(1))
+    assert later.stream == produced.stream and later.order > produced.order  # one training stream, in order
+    device.wait_for([later.event])
+    device.close()
+
+
+def test_memory_let_go_of_before_a_callback_ran_is_handed_to_it_poisoned():
+    """The caching allocator: a callback's tensor arguments (a partial's) count only while
+    something else refers to their memory; the collective's future lets go of its value once it
+    ran. A buffer kept referenced is copied back; one let go of comes back NaN."""
+    import functools
+
+    def copy_back(result, target, future):
+        future.value()
+        target.copy_(result)
+        return [target]
+
+    device = EmulatedNccl(latency_s=0.05)
+    for keep in (True, False):
+        packed, target = torch.full((2,), 3.0), torch.zeros(2)
+        chained = device.issue(GROUP, doubling(packed)).then(functools.partial(copy_back, packed, target))
+        kept = [packed] if keep else []
+        packed = None  # the launcher's own reference goes
+        chained.wait()
+        assert target.tolist() == [6.0, 6.0] if keep else target.isnan().all(), (keep, target)
+        del kept
+    view_target, source = torch.zeros(4), torch.ones(2)  # a view's own object may go: its memory is the base's
+    chained = device.issue(GROUP, doubling(torch.ones(2))).then(
+        functools.partial(copy_back, source, view_target[1:3]))
+    chained.wait()
+    assert view_target.tolist() == [0.0, 1.0, 1.0, 0.0]
+    device.close()
+
+
+def test_the_emulated_streams_belong_to_the_process_and_its_roles():
+    """As gradsched's CUDA streams (one per device and role in a process): two wraps' devices
+    share the launcher's stream and the callbacks' pool; each process group has its own."""
+    first, second = EmulatedNccl(), EmulatedNccl()
+    with first.own_stream("launcher") as a, second.own_stream("launcher") as b:
+        assert a is b
+    with first.own_stream("completion") as c:
+        assert c is not a
+    other = object()
+    assert first.stream_of(GROUP) is not first.stream_of(other)
+    first.close()
+    second.close()

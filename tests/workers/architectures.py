@@ -280,7 +280,7 @@ def main() -> None:
                 reference = scenario(run, name, False) if rank < workers else None
                 ours = scenario(run, name, True)
                 if ours is not None:
-                    entry["diff"] = max(float((ours[n] - reference[n]).abs().max()) for n in reference)
+                    entry["diff"] = max(float((ours[n] - reference[n]).abs().nan_to_num(float("inf")).max()) for n in reference)
             except Exception as exc:  # noqa: BLE001 - a refusal, or a failure: reported
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 if not isinstance(exc, gradsched.GradschedError):

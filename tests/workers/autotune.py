@@ -64,8 +64,8 @@ workers = dist.new_group(list(range(world - args.servers)))  # every rank create
 if report is not None:
     reference, ref_opt = fresh()
     train(DDP(reference, process_group=workers), ref_opt)
-    report["max_abs_diff"] = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    report["moved"] = max((p - q).abs().max().item() for p, q in zip(reference.parameters(), fresh()[0].parameters()))
+    report["max_abs_diff"] = max((p - q).abs().nan_to_num(float("inf")).max().item() for p, q in zip(model.parameters(), reference.parameters()))
+    report["moved"] = max((p - q).abs().nan_to_num(float("inf")).max().item() for p, q in zip(reference.parameters(), fresh()[0].parameters()))
 everyone = [None] * world
 dist.all_gather_object(everyone, report)
 if rank == 0:

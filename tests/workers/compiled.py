@@ -43,7 +43,7 @@ def main() -> None:
     initial = Net()
     torch.manual_seed(0)
     reference = train(torch.compile(DDP(Net()), backend=args.backend), data)
-    moved = max((a - b).abs().max().item() for a, b in zip(reference, initial.parameters()))
+    moved = max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(reference, initial.parameters()))
     report = {"moved": moved, "cases": {}}
     for policy in args.policies.split(","):
         options = dict(policy=policy, policy_options=SMALL[policy], fallback=False, profile_rounds=2, replan_every=2)
@@ -59,7 +59,7 @@ def main() -> None:
             model.synchronize()
             final = [p.detach().clone() for p in model.parameters()]
             model.close()
-            report["cases"][f"{policy}/{when}"] = max((a - b).abs().max().item() for a, b in zip(final, reference))
+            report["cases"][f"{policy}/{when}"] = max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(final, reference))
     finish_with_report(args.out, report)
 
 

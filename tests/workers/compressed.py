@@ -48,10 +48,10 @@ def main() -> None:
 
     uncompressed = ddp_run(None)
     report["ours_fp16_hook_vs_torchs"] = max(
-        (a - b).abs().max().item() for a, b in zip(ddp_run(ddp_hook(torch.float16)), ddp_run(fp16_compress_hook)))
+        (a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(ddp_run(ddp_hook(torch.float16)), ddp_run(fp16_compress_hook)))
     for compression, hook in HOOKS.items():
         reference = ddp_run(hook)
-        report["moved"][compression] = max((a - b).abs().max().item() for a, b in zip(reference, uncompressed))
+        report["moved"][compression] = max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(reference, uncompressed))
         report["ddp_error"][compression] = mean_error(reference, uncompressed)
         for policy in ("fifo", "priority", "bytescheduler", "prophet"):
             torch.manual_seed(0)
@@ -62,7 +62,7 @@ def main() -> None:
             train(model, opt, None, data)
             opt.synchronize()
             report["cases"][f"{compression}/{policy}"] = max(
-                (p.detach() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
+                (p.detach() - r).abs().nan_to_num(float("inf")).max().item() for p, r in zip(model.parameters(), reference))
             report["error"][f"{compression}/{policy}"] = mean_error(model.parameters(), uncompressed)
             opt.close()
     finish_with_report(args.out, report)

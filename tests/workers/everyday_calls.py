@@ -81,7 +81,7 @@ def weights(model: nn.Module) -> dict[str, torch.Tensor]:
 def difference(a: dict, b: dict, floating_only: bool = False) -> float:
     assert a.keys() == b.keys()
     keys = [k for k in a if a[k].numel() and (a[k].is_floating_point() or not floating_only)]
-    return max(((a[k].double() - b[k].double()).abs().max().item() for k in keys), default=0.0)
+    return max(((a[k].double() - b[k].double()).abs().nan_to_num(float("inf")).max().item() for k in keys), default=0.0)
 
 
 def moved(trained: dict, start: dict) -> float:

@@ -88,9 +88,9 @@ def data(rank: int, steps: int, tokens: bool = False):
 
 
 def compare(model: nn.Module, reference: nn.Module, initial: list[torch.Tensor]) -> dict:
-    diff = max((a.double() - b.double()).abs().max().item()
+    diff = max((a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
                for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
-    moved = max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), initial))
+    moved = max((p.detach() - q).abs().nan_to_num(float("inf")).max().item() for p, q in zip(model.parameters(), initial))
     buffers = float(sum(b.double().sum() for b in model.buffers() if b.is_floating_point()))
     return {"diff": diff, "moved": moved, "buffer_sum": buffers}
 
@@ -201,7 +201,7 @@ def checkpoint(rank: int) -> dict:
             plain_step(runner, fresh, optimizer, batch, step, rank, wrapped)
             scheduler.step()
         state = optimizer.state_dict()  # synchronizes a wrapped optimizer
-        diff = max((a - p.detach()).abs().max().item() for a, p in zip(final, fresh.parameters()))
+        diff = max((a - p.detach()).abs().nan_to_num(float("inf")).max().item() for a, p in zip(final, fresh.parameters()))
         if wrapped:
             optimizer.close()
         return diff, state
@@ -212,7 +212,7 @@ def checkpoint(rank: int) -> dict:
             "same_format": list(wrapped_state["state"]) == list(plain_state["state"])
             and [sorted(g) for g in wrapped_state["param_groups"]] == [sorted(g) for g in plain_state["param_groups"]],
             "saved_step": int(saved["opt"]["state"][0]["step"]),
-            "moved": max((a - b).abs().max().item() for a, b in zip(final, saved["model"].values()))}
+            "moved": max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(final, saved["model"].values()))}
 
 
 def _clone(obj):

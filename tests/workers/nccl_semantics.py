@@ -73,7 +73,7 @@ class Net(nn.Module):
 
 def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The largest difference of floating-point entries (BatchNorm's batch counter left out)."""
-    return max((a[n].double() - b[n].double()).abs().max().item() for n in b if b[n].is_floating_point())
+    return max((a[n].double() - b[n].double()).abs().nan_to_num(float("inf")).max().item() for n in b if b[n].is_floating_point())
 
 
 def state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -233,7 +233,7 @@ def main() -> None:
                 ours = Run(case, "gradsched" if api == "ddp" else "wrap", policy, rank).train(data)
                 diff = difference(ours["state"], reference["state"])
                 if reference["reads"]:
-                    diff = max(diff, max((a - b).abs().max().item() for a, b in zip(ours["reads"], reference["reads"])))
+                    diff = max(diff, max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(ours["reads"], reference["reads"])))
                 report[f"{case}/{policy}/{api}"] = {
                     "max_abs_diff": diff, "moved": difference(ours["state"], start),
                     **{k: ours[k] for k in ("handed_off", "rounds", "wire_copies", "wire_copies_alive", "broadcasts",

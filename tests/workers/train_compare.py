@@ -97,8 +97,8 @@ def against(model, reference, initial) -> dict:
     ``initial``, and a checksum of its parameters for comparing ranks."""
     final = [p.detach() for p in model.parameters()]
     states = zip(model.state_dict().values(), reference.state_dict().values())
-    return {"max_abs_diff": max((a.double() - b.double()).abs().max().item() for a, b in states),
-            "moved": max((a - b).abs().max().item() for a, b in zip(final, initial)),
+    return {"max_abs_diff": max((a.double() - b.double()).abs().nan_to_num(float("inf")).max().item() for a, b in states),
+            "moved": max((a - b).abs().nan_to_num(float("inf")).max().item() for a, b in zip(final, initial)),
             "checksum": [float(t.double().sum()) for t in final]}
 
 

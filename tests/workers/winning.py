@@ -54,8 +54,8 @@ opt.close()
 reference, ref_opt = fresh()
 train(DDP(reference), ref_opt, rank)
 report = {"plan_policy": stats["plan_policy"], "trial": stats["trial"],
-          "max_abs_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
-          "moved": max((p - q).abs().max().item() for p, q in zip(reference.parameters(), fresh()[0].parameters()))}
+          "max_abs_diff": max((p - q).abs().nan_to_num(float("inf")).max().item() for p, q in zip(model.parameters(), reference.parameters())),
+          "moved": max((p - q).abs().nan_to_num(float("inf")).max().item() for p, q in zip(reference.parameters(), fresh()[0].parameters()))}
 everyone = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, report)
 finish_with_report(sys.argv[1], everyone)

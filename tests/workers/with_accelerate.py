@@ -87,7 +87,7 @@ def train(policy: str | None, first: int = 0, save: str | None = None, load: str
 
 
 def gap(a, b) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
+    return max((x - y).abs().nan_to_num(float("inf")).max().item() for x, y in zip(a, b))
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ def train(policy: str | None, out_dir: str) -> dict:
 
 
 def gap(a: dict, b: dict) -> float:
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    return max((a[k].double() - b[k].double()).abs().nan_to_num(float("inf")).max().item() for k in a)
 
 
 def main() -> None:

@@ -56,6 +56,13 @@ class RoundState:
     follower: RoundFollower
     futures: dict[int, list[torch.futures.Future]] = field(default_factory=dict)  # message -> its futures
     packed: dict[int, int] = field(default_factory=dict)  # message -> bytes of the copies it travels in
+    held: dict[int, list] = field(default_factory=dict)  # message -> the copies it travels in, until it ended
+
+    def hold(self, k: int, buffers: list) -> None:
+        """Keep message ``k``'s copies referenced until it has ended: on CUDA memory let go of while
+        a stream still uses it (the copy back, on a stream of the callbacks' pool) is handed to the
+        next allocation by the caching allocator."""
+        self.held[k] = buffers
 
     @property
     def plan(self) -> Plan:
@@ -65,12 +72,16 @@ class RoundState:
 _ANY_ROUND = "any round"  # what the launcher waits for between rounds
 
 
-def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> None:
+def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> list:
     """A message that travelled in a copy: its result back where it belongs (the gradients it
-    was made of; under sharding, this rank's shard of them). Returns nothing: the future it
-    completes holds no copy (a future can outlive its message in a thread of the backend's)."""
+    was made of; under sharding, this rank's shard of them). Returns the views it wrote: on
+    CUDA a future records events for the devices of the tensors its value holds, and only those
+    order a consumer after the copy (a future holding none orders nothing). Not the copy itself
+    (a future can outlive its message in a thread of the backend's): the round keeps that until
+    the message has ended (:meth:`RoundState.hold`)."""
     future.value()  # raises if the transport failed
     unflatten_into(views, result)
+    return list(views) or [result]  # (none: this rank's share of it is empty; an event all the same)
 
 
 class Launcher:
@@ -264,6 +275,7 @@ class Launcher:
                                         on_sent=partial(self._sent, state, k))
         if targets is not None:
             futures = [f.then(partial(_copy_back, r, v)) for f, r, v in zip(futures, results, targets)]
+            state.hold(k, results)
         with self.board.cond:
             state.futures[k] = futures
             if self.on_event:
@@ -321,6 +333,7 @@ class Launcher:
             self._let_go(state, message)
             board.packed_bytes -= state.packed.pop(k, 0)
             state.futures.pop(k, None)
+            state.held.pop(k, None)
             if self.on_event:
                 self.on_event("done", round=state.index, message=k, nbytes=message.nbytes, at=now)
             board.cond.notify_all()

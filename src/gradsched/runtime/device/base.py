@@ -64,9 +64,10 @@ class Device(Protocol):
     def record(self) -> Any:
         """An event on the calling thread's current stream (None: nothing to order)."""
 
-    def produced(self, event: Any = None) -> Produced | None:
+    def produced(self, event: Any = None, written: torch.Tensor | None = None) -> Produced | None:
         """Where work the calling thread queued so far was produced (``event``: recorded there
-        already), or None where there is nothing to wait for."""
+        already), or None where there is nothing to wait for; ``written``: the tensor that work
+        wrote (a gradient handed over), readable by another stream only behind it."""
 
     def wait_for(self, events: Iterable[Any]) -> int:
         """The calling thread's current stream waits for each distinct event; the waits queued."""

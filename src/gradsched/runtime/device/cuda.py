@@ -126,7 +126,7 @@ class CudaDevice:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def produced(self, event: Any = None) -> Produced:
+    def produced(self, event: Any = None, written: Any = None) -> Produced:
         stream = torch.cuda.current_stream(self.device)
         if event is None:
             event = torch.cuda.Event()

@@ -26,7 +26,8 @@ def current_stream() -> EmulatedStream | None:
 class EmulatedEvent:
     """Completes when its stream has run the work queued before it (with the stream's failure, if any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: str = "host") -> None:
+        self.stream = stream  # the name of the stream it was recorded on
         self._done = threading.Event()
         self.error: BaseException | None = None
 
@@ -51,7 +52,7 @@ class EmulatedEvent:
             raise self.error
 
 
-DONE = EmulatedEvent()  # what the host records: its work is done when issued
+DONE = EmulatedEvent("host")  # what the host records: its work is done when issued
 DONE._complete(None)
 
 
@@ -80,8 +81,9 @@ class EmulatedStream:
 
         self._queue.put(wait)
 
-    def record(self) -> EmulatedEvent:
-        event = EmulatedEvent()
+    def record(self, event: EmulatedEvent | None = None) -> EmulatedEvent:
+        """An event (``event``, or a new one) that completes once the work queued so far has run."""
+        event = event if event is not None else EmulatedEvent(self.name)
         self._queue.put(event)
         return event
 
@@ -109,3 +111,18 @@ class EmulatedStream:
 
 def set_current(stream: EmulatedStream | None) -> None:
     _local.stream = stream
+
+
+_shared: dict[str, EmulatedStream] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_stream(role: str) -> EmulatedStream:
+    """The process's stream for ``role`` ("launcher", "completion", "gatherer", "training", a pool
+    stream of callbacks), made on first use and shared by every wrap in the process, as
+    gradsched's CUDA streams are (one per device and role); one that failed is replaced."""
+    with _shared_lock:
+        stream = _shared.get(role)
+        if stream is None or stream.error is not None:
+            stream = _shared[role] = EmulatedStream(role)
+        return stream

@@ -22,7 +22,7 @@ class HostDevice:
     def record(self) -> None:
         return None
 
-    def produced(self, event: Any = None) -> Produced | None:
+    def produced(self, event: Any = None, written: Any = None) -> Produced | None:
         return None
 
     def wait_for(self, events: Iterable[Any]) -> int:

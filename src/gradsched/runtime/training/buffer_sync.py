@@ -43,14 +43,16 @@ def _copy_back(members: Sequence[torch.Tensor], flat: torch.Tensor, future: torc
 
 
 def broadcast_async(tensors: Sequence[torch.Tensor], source: int, group: dist.ProcessGroup,
-                    device: Device) -> list[Any]:
+                    device: Device) -> list[tuple[Any, torch.Tensor]]:
     """On the launcher: rank ``source``'s values of ``tensors`` into every rank's, one broadcast
     per dtype (as :func:`~gradsched.runtime.comm.broadcast.broadcast_flat`), without waiting; the
-    futures complete once copied back (behind their events, on a device with streams)."""
+    futures complete once copied back (behind their events, on a device with streams), each with
+    the flat copy it travelled in, which its waiter keeps until then (on CUDA memory let go of
+    while a stream still uses it goes to the next allocation)."""
     futures = []
     for members, flat in flat_by_dtype(tensors):
         started = device.issue(group, partial(dist.broadcast, flat, group_src=source, group=group, async_op=True))
-        futures.append(started.then(partial(_copy_back, members, flat)))
+        futures.append((started.then(partial(_copy_back, members, flat)), flat))
     return futures
 
 
@@ -67,7 +69,7 @@ class BufferSync:
         self.explain = explain
         synced = {id(t) for t in buffers_of(model)}
         self.owners = {m for m in model.modules() if any(id(b) in synced for b in m.buffers(recurse=False))}
-        self._pending: Callable[[], list[torch.futures.Future]] | None = None
+        self._pending: Callable[[], list[tuple[torch.futures.Future, torch.Tensor]]] | None = None
 
     def start(self, source: int) -> None:
         """Copy rank ``source``'s buffers to every rank: under way once this returns."""
@@ -94,7 +96,7 @@ class BufferSync:
         if pending is None:
             return
         with failing_rank(WHAT, self.explain):
-            for future in pending():
+            for future, _ in pending():  # (the copy kept until then)
                 future.wait()
 
     def close(self) -> None:

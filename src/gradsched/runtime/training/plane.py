@@ -284,7 +284,7 @@ class Plane:
         if self.trace:
             self.trace.ready(current.index, name, now, backward_from=timing.forward_end)
         self.handover.hand_over(i, grad, current.index, current.grad_scale,
-                                produced=self.device.produced(timing.events.get(key)))
+                                produced=self.device.produced(timing.events.get(key), written=grad))
 
     def _settle_unused(self) -> None:
         """``find_unused_parameters``: the backward pass is over, so every parameter it gave no

@@ -229,10 +229,12 @@ class Shards:
         shard = self.tensors[i]
         return _padded(shard, first, min(first + count, shard.numel()), count)
 
-    def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> None:
+    def unpack(self, slices: Sequence[Slice], gathered: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's parts of ``slices`` (rank-major ``gathered``) into the parameters; this
-        rank's own only where the shards are separate (else the step updated it there in place)."""
+        rank's own only where the shards are separate (else the step updated it there in place).
+        The views it wrote: a future's value must hold them for its CUDA events to cover them."""
         total = sum(count for _, _, count in slices)
+        written = []
         with torch.no_grad(), self._lock:
             for r in range(self.world):
                 if r == self.rank and not self.separate:
@@ -243,9 +245,10 @@ class Shards:
                     flat = self.params[i].view(-1)
                     start, end = self._span(i, r, first, count)
                     if end > start:
-                        flat[start:end].copy_(gathered[position:position + end - start])
+                        written.append(flat[start:end].copy_(gathered[position:position + end - start]))
                         self._written[i] = torch_private.version(self.params[i])
                     position += count
+        return written
 
     def _spans(self, slices: Sequence[Slice], r: int) -> list[torch.Tensor]:
         """Rank ``r``'s part of each of ``slices`` that holds elements, as views of the parameters."""
@@ -279,9 +282,10 @@ class Shards:
         else:
             future = device.issue(group, lambda: dist.all_gather_single(gathered, mine, group=group, async_op=True))
 
-        def unpack(done: torch.futures.Future) -> None:
+        def unpack(done: torch.futures.Future) -> list[torch.Tensor]:
             done.value()  # raises if the collective failed
-            self.unpack(slices, gathered)
+            # what it wrote (the child's CUDA events cover them); nothing written: the buffer, for an event anyway
+            return self.unpack(slices, gathered) or [gathered]
 
         return future.then(unpack)
 
