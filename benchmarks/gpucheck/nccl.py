@@ -10,7 +10,13 @@ the all-reduce is queued). Checked against the same arithmetic done here:
 * two backward passes before one step (``FACTOR * (FACTOR * g1 + g2)``);
 * no value is NaN: before each message the hook fills freshly allocated memory like the
   message's buffer with NaN on the stream it runs on (the launcher's), so a buffer gradsched
-  let go of while the device still read it would be handed out again and poisoned.
+  let go of while the device still read it would be handed out again and poisoned;
+* packed messages: the model has a float64 layer between float32 ones, so once a measured plan
+  fuses across them (prophet's blocks) some messages carry two dtypes and travel in copies (one
+  per dtype) whose results are copied back behind the collective (their futures must carry the
+  events of the copies: issue 54). Four more backward passes (a measured plan from the second)
+  read every gradient right after ``backward()``; the part counts the copied messages, and fails
+  prophet's row without any.
 
 On CPU the part runs on gloo with NCCL's semantics emulated (``GRADSCHED_EMULATE_NCCL``), where
 a consumer that skips its event wait, or a completion that takes a done future for a reduced
@@ -52,6 +58,29 @@ def visible_hook(device: torch.device, before_s: float, after_s: float):
     return gradsched.pipelined(hook)
 
 
+class Mixed(nn.Module):
+    """:func:`~gpucheck.common.mlp` with its middle layer in float64 (messages of two dtypes)."""
+
+    def __init__(self, width: int, depth: int, out: int) -> None:
+        super().__init__()
+        self.layers = mlp(width, depth, out)
+        self.middle = depth  # the layer (of 2 * depth + 1, ReLUs between) kept in float64
+        self.layers[self.middle].double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for k, layer in enumerate(self.layers):
+            x = layer(x.double()).float() if k == self.middle else layer(x)
+        return x
+
+    def __iter__(self):
+        return iter(self.layers)
+
+
+def copied_messages(model: gradsched.DistributedDataParallel) -> int:
+    """How many of the model's messages travelled in copies (the launcher counts them)."""
+    return model._binder.coordinator.backend.exchange.launcher.copied_messages
+
+
 def _gradients(model: nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
     """The local gradients of ``model`` summed over one backward pass per input (no communication)."""
     model = copy.deepcopy(model)
@@ -68,8 +97,8 @@ def _worst(read: list[torch.Tensor], expected: list[torch.Tensor]) -> tuple[floa
 def part_nccl(device: torch.device, quick: bool) -> list[dict]:
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    base = mlp(512 if cuda else 64, 4, 64).to(device)
-    x1, x2, x3 = (torch.randn(256 if cuda else 32, base[0].in_features, device=device) for _ in range(3))
+    base = Mixed(512 if cuda else 64, 4, 64).to(device)
+    x1, x2, x3 = (torch.randn(256 if cuda else 32, base.layers[0].in_features, device=device) for _ in range(3))
     before, after = (0.02, 0.02) if cuda else (0.01, 0.01)
     g1, g2 = _gradients(base, x1), _gradients(base, x2)
     lr = 0.5
@@ -103,6 +132,7 @@ def part_nccl(device: torch.device, quick: bool) -> list[dict]:
             h.remove()
         optimizer.zero_grad(set_to_none=True)
         model.synchronize()
+        copied = copied_messages(model)
         model.close()
         accumulating = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy,
                                                          policy_options=SMALL[policy], fallback=False, handoff=False)
@@ -111,8 +141,26 @@ def part_nccl(device: torch.device, quick: bool) -> list[dict]:
         accumulating(x2).pow(2).mean().backward()  # adds to gradients reduced (or, on NCCL, queued) before
         checks["two backward passes before one step"] = _worst(
             [p.grad.detach().clone() for p in accumulating.parameters()], twice)
+        copied += copied_messages(accumulating)
         accumulating.close()
+        measured = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy, policy_options=SMALL[policy],
+                                                     fallback=False, handoff=False, profile_rounds=1)
+        measured.register_comm_hook(None, visible_hook(device, before, after))
+        reads = []
+        for _ in range(4):
+            measured(x1).pow(2).mean().backward()
+            reads.append(_worst([p.grad.detach().clone() for p in measured.parameters()], [g * FACTOR for g in g1]))
+            measured.zero_grad()
+        copied += copied_messages(measured)
+        measured.close()
         sync(device)
+        diff, finite = max(d for d, _ in reads), all(f for _, f in reads)
+        packed_ok = diff <= tolerance and finite and (copied > 0 or policy != "prophet")
+        rows.append(row(f"nccl {policy} packed messages", packed_ok,
+                        f"{copied} messages travelled in copies (float32 and float64 layers, fused by a measured plan), "
+                        f"their results copied back behind the collective; reads after 4 more backward passes: max "
+                        f"|diff| {diff:.2e}; {'no NaN' if finite else 'NaN read'}", copied_messages=copied,
+                        max_abs_diff=diff, finite=finite))
         for what, (diff, finite) in checks.items():
             rows.append(row(f"nccl {policy} {what}", diff <= tolerance and finite,
                             f"max |diff| {diff:.2e} from the values computed here (tolerance {tolerance:.1e}; "

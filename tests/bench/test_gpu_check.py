@@ -3,7 +3,8 @@ completion semantics emulated) and every row judged there passes; its rows are w
 part ends, and a budget too small for a part skips it; with a planted defect (tests/mutant) the
 rows named for it fail: a consumer that skips its event wait, or a completion that takes a done
 future for a reduced message, fails the nccl rows (and passes the reduction rows, on gloo); a
-transport that does not reduce fails the reduction rows, a completion that resolves messages
+transport that does not reduce fails the reduction rows, a copy back whose future holds no tensor (no
+CUDA event) fails the nccl part, a completion that resolves messages
 before their results are in place fails those over a slow link. Asked for CUDA where there is
 none, it says so and exits 2; its --help names the command for a lent GPU."""
 
@@ -41,7 +42,8 @@ def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
     assert list(dict.fromkeys(parts)) == ["nccl", "reduction", "streams", "handoff", "steady", "overlap", "sync_bn",
                                           "end_to_end", "profile", "host_syncs", "overhead"]  # the order they run in
     judged = [r["check"] for r in rows if r["ok"] is True]
-    assert sum(c.startswith("nccl") for c in judged) == 2 * 3  # bytescheduler, prophet: three checks each
+    assert sum(c.startswith("nccl") for c in judged) == 2 * 4  # bytescheduler, prophet: three checks and the
+    # packed messages seen, each
     assert sum(c.startswith("reduction") for c in judged) == 3 * 2 + 2  # fp32 and fp16, and the slow link
     assert sum(c.startswith("handoff") for c in judged) == 2  # values, and the flat buffers freed
     assert sum(c.startswith("end_to_end") for c in judged) == 8 + 1
@@ -63,6 +65,16 @@ def test_the_rows_named_for_a_planted_defect_fail(tmp_path, mutant, failing, pas
     assert named and all(r["ok"] is False for r in named), rows
     unseen = [r for r in rows if r["check"].startswith(passing) and r["ok"] is not None] if passing else []
     assert all(r["ok"] for r in unseen), unseen  # on gloo a done future is a reduced one: invisible there
+
+
+@pytest.mark.slow  # CI: the same mutant in test_nccl_semantics.py's equality tests
+def test_a_copy_back_without_events_fails_the_nccl_part(tmp_path):
+    """The packed messages (a float64 layer between float32 ones, fused by prophet's measured
+    plan) travel in copies: a copy back whose future holds no tensor records no CUDA event, and
+    the emulation fails the part where prophet's messages are copied back."""
+    code, rows = check(tmp_path, "--parts", "nccl", mutant="copy-back-returns-nothing")
+    assert code == 1
+    assert [r for r in rows if r["check"] in ("nccl", "nccl prophet packed messages") and r["ok"] is False], rows
 
 
 def test_each_part_is_written_as_it_ends_and_the_budget_skips_what_cannot_finish(tmp_path):
