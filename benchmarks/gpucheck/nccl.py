@@ -11,12 +11,12 @@ the all-reduce is queued). Checked against the same arithmetic done here:
 * no value is NaN: before each message the hook fills freshly allocated memory like the
   message's buffer with NaN on the stream it runs on (the launcher's), so a buffer gradsched
   let go of while the device still read it would be handed out again and poisoned;
-* packed messages: the model has a float64 layer between float32 ones, so once a measured plan
-  fuses across them (prophet's blocks) some messages carry two dtypes and travel in copies (one
-  per dtype) whose results are copied back behind the collective (their futures must carry the
-  events of the copies: issue 54). Four more backward passes (a measured plan from the second)
-  read every gradient right after ``backward()``; the part counts the copied messages, and fails
-  prophet's row without any.
+* packed messages: the model has a float64 layer between float32 ones, so a message that fuses
+  across them (fifo's buckets, as DDP's, always; prophet's blocks when a measured plan puts
+  them together) carries two dtypes and travels in copies (one per dtype) whose results are
+  copied back behind the collective (their futures must carry the events of the copies: issue
+  54). Four more backward passes (a measured plan from the second) read every gradient right
+  after ``backward()``; the part counts the copied messages, and fails fifo's row without any.
 
 On CPU the part runs on gloo with NCCL's semantics emulated (``GRADSCHED_EMULATE_NCCL``), where
 a consumer that skips its event wait, or a completion that takes a done future for a reduced
@@ -81,6 +81,24 @@ def copied_messages(model: gradsched.DistributedDataParallel) -> int:
     return model._binder.coordinator.backend.exchange.launcher.copied_messages
 
 
+def _rounds_read(base: nn.Module, policy: str, x: torch.Tensor, expected: list[torch.Tensor], device: torch.device,
+                 before: float, after: float) -> tuple[float, bool, int]:
+    """Four backward passes (a measured plan from the second), every gradient read right after
+    each: (the largest difference from ``expected``, whether all were finite, the messages
+    that travelled in copies)."""
+    model = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy, policy_options=SMALL[policy],
+                                              fallback=False, handoff=False, profile_rounds=1)
+    model.register_comm_hook(None, visible_hook(device, before, after))
+    reads = []
+    for _ in range(4):
+        model(x).pow(2).mean().backward()
+        reads.append(_worst([p.grad.detach().clone() for p in model.parameters()], expected))
+        model.zero_grad()
+    copied = copied_messages(model)
+    model.close()
+    return max(d for d, _ in reads), all(f for _, f in reads), copied
+
+
 def _gradients(model: nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
     """The local gradients of ``model`` summed over one backward pass per input (no communication)."""
     model = copy.deepcopy(model)
@@ -143,27 +161,24 @@ def part_nccl(device: torch.device, quick: bool) -> list[dict]:
             [p.grad.detach().clone() for p in accumulating.parameters()], twice)
         copied += copied_messages(accumulating)
         accumulating.close()
-        measured = gradsched.DistributedDataParallel(copy.deepcopy(base), policy=policy, policy_options=SMALL[policy],
-                                                     fallback=False, handoff=False, profile_rounds=1)
-        measured.register_comm_hook(None, visible_hook(device, before, after))
-        reads = []
-        for _ in range(4):
-            measured(x1).pow(2).mean().backward()
-            reads.append(_worst([p.grad.detach().clone() for p in measured.parameters()], [g * FACTOR for g in g1]))
-            measured.zero_grad()
-        copied += copied_messages(measured)
-        measured.close()
+        diff, finite, more = _rounds_read(base, policy, x1, [g * FACTOR for g in g1], device, before, after)
+        copied += more
         sync(device)
-        diff, finite = max(d for d, _ in reads), all(f for _, f in reads)
-        packed_ok = diff <= tolerance and finite and (copied > 0 or policy != "prophet")
-        rows.append(row(f"nccl {policy} packed messages", packed_ok,
-                        f"{copied} messages travelled in copies (float32 and float64 layers, fused by a measured plan), "
-                        f"their results copied back behind the collective; reads after 4 more backward passes: max "
-                        f"|diff| {diff:.2e}; {'no NaN' if finite else 'NaN read'}", copied_messages=copied,
+        rows.append(row(f"nccl {policy} packed messages", diff <= tolerance and finite,
+                        f"{copied} messages travelled in copies (float32 and float64 layers fused by a plan), their "
+                        f"results copied back behind the collective; reads after 4 more backward passes: max |diff| "
+                        f"{diff:.2e}; {'no NaN' if finite else 'NaN read'}", copied_messages=copied,
                         max_abs_diff=diff, finite=finite))
         for what, (diff, finite) in checks.items():
             rows.append(row(f"nccl {policy} {what}", diff <= tolerance and finite,
                             f"max |diff| {diff:.2e} from the values computed here (tolerance {tolerance:.1e}; "
                             f"unreduced ones are {FACTOR:.0f}x off); {'no NaN' if finite else 'NaN read'}",
                             max_abs_diff=diff, finite=finite))
+    # fifo's buckets, as DDP's, hold both dtypes of the float64 layer's neighbourhood: copies for certain
+    diff, finite, copied = _rounds_read(base, "fifo", x1, [g * FACTOR for g in g1], device, before, after)
+    sync(device)
+    rows.append(row("nccl fifo packed messages", diff <= tolerance and finite and copied > 0,
+                    f"{copied} messages travelled in copies (a bucket of float32 and float64 gradients), their results "
+                    f"copied back behind the collective; max |diff| {diff:.2e}; {'no NaN' if finite else 'NaN read'}",
+                    copied_messages=copied, max_abs_diff=diff, finite=finite))
     return rows

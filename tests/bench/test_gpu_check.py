@@ -42,8 +42,8 @@ def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
     assert list(dict.fromkeys(parts)) == ["nccl", "reduction", "streams", "handoff", "steady", "overlap", "sync_bn",
                                           "end_to_end", "profile", "host_syncs", "overhead"]  # the order they run in
     judged = [r["check"] for r in rows if r["ok"] is True]
-    assert sum(c.startswith("nccl") for c in judged) == 2 * 4  # bytescheduler, prophet: three checks and the
-    # packed messages seen, each
+    assert sum(c.startswith("nccl") for c in judged) == 2 * 4 + 1  # bytescheduler, prophet: three checks and
+    # the packed messages each, and fifo's packed messages (certain there)
     assert sum(c.startswith("reduction") for c in judged) == 3 * 2 + 2  # fp32 and fp16, and the slow link
     assert sum(c.startswith("handoff") for c in judged) == 2  # values, and the flat buffers freed
     assert sum(c.startswith("end_to_end") for c in judged) == 8 + 1
@@ -69,12 +69,12 @@ def test_the_rows_named_for_a_planted_defect_fail(tmp_path, mutant, failing, pas
 
 @pytest.mark.slow  # CI: the same mutant in test_nccl_semantics.py's equality tests
 def test_a_copy_back_without_events_fails_the_nccl_part(tmp_path):
-    """The packed messages (a float64 layer between float32 ones, fused by prophet's measured
-    plan) travel in copies: a copy back whose future holds no tensor records no CUDA event, and
-    the emulation fails the part where prophet's messages are copied back."""
+    """The packed messages (a float64 layer between float32 ones, in one of fifo's buckets)
+    travel in copies: a copy back whose future holds no tensor records no CUDA event, and the
+    emulation fails the part."""
     code, rows = check(tmp_path, "--parts", "nccl", mutant="copy-back-returns-nothing")
     assert code == 1
-    assert [r for r in rows if r["check"] in ("nccl", "nccl prophet packed messages") and r["ok"] is False], rows
+    assert [r for r in rows if r["check"] in ("nccl", "nccl fifo packed messages") and r["ok"] is False], rows
 
 
 def test_each_part_is_written_as_it_ends_and_the_budget_skips_what_cannot_finish(tmp_path):

@@ -457,6 +457,11 @@ class Program(RuleBasedStateMachine):
     def restore(self) -> None:
         self.call("restore")
 
+    @rule(ranks=st.lists(st.booleans(), min_size=2, max_size=2))
+    def reset_statistics(self, ranks: list[bool]) -> None:
+        """Buffers changed between two forward passes, on some ranks (DDP syncs rank 0's)."""
+        self.call("reset_statistics", ranks=ranks)
+
     @rule(seconds=st.lists(st.sampled_from(PAUSES), min_size=2, max_size=2))
     def pause(self, seconds: list[float]) -> None:
         """Time passes on gradsched's side (each rank its own): queued and finished both happen."""

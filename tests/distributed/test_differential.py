@@ -159,6 +159,17 @@ def test_the_issue_table_idioms_train_as_ddp_does(idiom, emulated):
         run_program(config(policy=policy, emulated=emulated), [*calls, READ])
 
 
+@pytest.mark.parametrize("ranks", [[True, False], [False, True]], ids=["rank 0", "rank 1"])
+def test_buffers_changed_on_one_rank_between_two_forward_passes(ranks):
+    """The buffer broadcast is issued as a forward pass ends, ahead of its round; the next forward
+    pass takes it only if rank 0 says its buffers are unchanged since (else it broadcasts them
+    afresh): rank 0's reset reaches every rank, rank 1's is overwritten, as under DDP."""
+    for policy in ("fifo", "prophet"):
+        run_program(config(policy=policy, emulated=True),
+                    [train(0), STEP, zero("optimizer"), ("reset_statistics", {"ranks": ranks}), train(1), STEP,
+                     ("evaluate", {"seed": 2, "grad": False})])
+
+
 # -- planted defects --------------------------------------------------------------------------------
 @pytest.mark.parametrize("mutant", ["no-reduction", "grad-at-apply"])
 def test_the_generated_programs_fail_on_a_planted_defect(mutant):

@@ -118,12 +118,15 @@ def test_the_next_forward_pass_overlaps_the_messages_of_the_round_before(tmp_pat
     """Every collective takes 30 ms on its stream: a round's messages keep the data group's
     stream busy into the next forward pass. ``step()`` applies no update whose message is still
     queued (each module's forward applies its own: on NCCL every message is resolved, that is
-    queued, by the time of the step), and the buffer broadcast runs meanwhile on a communicator
-    of its own (on the data group it would wait for every message before it)."""
+    queued, by the time of the step), and the buffer broadcast runs on a communicator of its own
+    (on the data group it would wait for every message before it), issued as the forward pass
+    before ends, ahead of its round's messages: every forward pass that syncs buffers after the
+    first takes it (equal to DDP's all the same), and some run beside a message of gradients."""
     ranks = semantics(tmp_path, ("plain",), ("prophet",), ("ddp", "wrap"), {"GRADSCHED_EMULATE_NCCL": "0.02,0.03"})
     check(ranks, ("plain",), ("prophet",))
     for key, result in ranks[0].items():
-        assert result["broadcasts"] >= 10 and result["broadcasts_overlapping"] >= result["broadcasts"] // 2, result
+        assert result["broadcasts"] >= 10 and result["broadcasts_overlapping"] >= 1, result
+        assert result["broadcasts_ahead"] >= result["rounds"] - 1, result
         assert min(result["deferred"][3:]) > 0, result  # after the profile: updates left to their modules
 
 

@@ -374,6 +374,12 @@ class Side:
         self.model.load_state_dict(model)
         self.optimizer.load_state_dict(optimizer)
 
+    def reset_statistics(self, ranks: list[bool]) -> None:
+        """BatchNorm's running statistics reset on the ranks flagged (rank 0's are what the next
+        forward pass that syncs buffers broadcasts)."""
+        if ranks[self.rank]:
+            self.net.bn.reset_running_stats()
+
     def pause(self, seconds: list[float]) -> None:
         if not self.reference:  # (the reference waits for everything anyway)
             time.sleep(seconds[self.rank])
@@ -403,7 +409,7 @@ def _unprefixed(state: dict) -> dict:
 
 
 CALLS = {"train", "evaluate", "mode", "zero", "step", "read_grads", "set_grads", "clip", "learning_rate",
-         "schedule", "checkpoint", "restore", "pause"}
+         "schedule", "checkpoint", "restore", "reset_statistics", "pause"}
 
 
 def _failure(side: str, exc: BaseException) -> tuple[str, dict]:

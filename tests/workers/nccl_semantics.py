@@ -194,7 +194,8 @@ class Run:
         log = list(getattr(co.backend.exchange.device, "log", ()))
         data = [(a, b) for name, a, b in log if name == f"nccl-{co.topology.data.group_name}"]
         sent = [a for name, a, _ in log if name == f"nccl-{co.topology.broadcasts.group_name}"]
-        return {"broadcasts": len(sent), "broadcasts_overlapping": sum(any(a <= t < b for a, b in data) for t in sent)}
+        return {"broadcasts": len(sent), "broadcasts_overlapping": sum(any(a <= t < b for a, b in data) for t in sent),
+                "broadcasts_ahead": co.backend.buffer_sync.taken_ahead}
 
     def wire_copies(self) -> list[torch.Tensor]:
         if self.kind == "ddp" or not self.case.endswith("bf16"):
@@ -237,7 +238,7 @@ def main() -> None:
                 report[f"{case}/{policy}/{api}"] = {
                     "max_abs_diff": diff, "moved": difference(ours["state"], start),
                     **{k: ours[k] for k in ("handed_off", "rounds", "wire_copies", "wire_copies_alive", "broadcasts",
-                                            "broadcasts_overlapping", "deferred")}}
+                                            "broadcasts_overlapping", "broadcasts_ahead", "deferred")}}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, report)
     finish_with_report(args.out, everyone)

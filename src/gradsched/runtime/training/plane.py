@@ -87,7 +87,7 @@ class Plane:
         on_plane = architecture.buffers_on_data_plane
         self.buffer_sync = BufferSync(self.model, self.exchange,
                                       partial(getattr, co.topology, "broadcasts" if on_plane else "buffers"),
-                                      on_plane, self.explain, self.device)
+                                      on_plane, self.explain, self.device, partial(getattr, co.topology, "control"))
         self.planner = Planner(self.tensors, self.params, co.policy, config, architecture,
                                self.waits.owners(self.names), self.exchange, co.topology.control, self.rank,
                                self.world_size, co.topology.data, self.clock,
@@ -198,6 +198,7 @@ class Plane:
         try:
             if wait and not self.broken and self.exchange.error is None:
                 self.synchronize()
+                self.buffer_sync.drain()  # a broadcast issued ahead for a forward pass that will not come
         finally:
             self.closed = True
             self.detach()
@@ -366,6 +367,8 @@ class Plane:
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
         self.sync.forward_ended(torch.is_grad_enabled())
+        if self.config.broadcast_buffers and self.world_size > 1 and self.sync.param and not self.uneven.enabled:
+            self.buffer_sync.ahead()  # the next forward pass's buffers: broadcast ahead of this round's messages
         self.current.timing.forward_end = self.clock.stamp(self.current.timing, "forward_end")
         if self.trace:
             self._trace_forward(self.current.timing.forward_end)
