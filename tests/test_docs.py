@@ -117,6 +117,34 @@ def test_the_overhead_tables_are_what_their_json_prints():
             assert block in shown.values(), f"{page}: a loopback table no committed JSON prints"
 
 
+def test_the_buffer_broadcast_tables_are_what_their_json_prints():
+    broadcast = script("buffer_broadcast").table
+    for name in ("buffer-broadcast-before", "buffer-broadcast"):
+        assert broadcast(figure(name)) in PAGES["docs/bench.md"], name
+
+
+def test_the_gpu_figures_in_the_pages_are_what_the_gpu_run_wrote():
+    """docs/cuda.md, "On the GPU, 2026-12-04": the rows of the one run on a GPU and its profile."""
+    check, profile = figure("gpu-check"), figure("gpu-profile")
+    page = " ".join(PAGES["docs/cuda.md"].split())
+    rows = {r["check"]: r for r in check["rows"]}
+    assert check["setting"]["torch"] in page and check["setting"]["device"].split()[-1] in page
+    passed = [r for r in check["rows"] if r["ok"] is True]
+    assert f"its {len(passed)} correctness rows passed" in " ".join(PAGES["docs/guide.md"].split())
+    assert all(r["check"].split()[0] in ("steady", "overlap", "overhead") for r in check["rows"] if r["ok"] is False)
+    for policy in ("fifo", "priority", "bytescheduler", "prophet"):
+        r = rows[f"overhead {policy}"]
+        assert f"{policy} {r['iteration_s'] * 1e3:.1f} (" in page, policy
+    assert f"DDP {rows['overhead ddp']['iteration_s'] * 1e3:.1f}" in page
+    steady = rows["steady no drain: a barrier-crossing policy against fifo"]
+    assert f"bytescheduler {steady['bytescheduler_s'] * 1e3:.1f}" in page and f"fifo {steady['fifo_s'] * 1e3:.1f}" in page
+    compute = profile["link-ddp"]["compute_ms"]
+    for name in ("link-fifo", "link-bytescheduler"):
+        drained = sorted(profile[name]["delayed_drained_ms"][3:])[len(profile[name]["delayed_drained_ms"][3:]) // 2]
+        hidden = 1 - (drained - compute) / (0.5 * compute)
+        assert f"{drained:.1f}" in page and f"{hidden:.0%}" in page, name
+
+
 def test_the_online_tuning_table_is_what_its_json_prints():
     runs = [("ResNet-50", figure("tune-online-resnet50")),
             ("ResNet-50 ({ddp}), poor start, no fallback", figure("tune-online-resnet50-poor-start")),

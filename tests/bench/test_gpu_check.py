@@ -54,10 +54,10 @@ def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
 @pytest.mark.parametrize("mutant, failing, passing", [
     pytest.param("skipped-wait", ("nccl",), ("reduction",), marks=pytest.mark.slow),
     pytest.param("done-is-reduced", ("nccl",), ("reduction",), marks=pytest.mark.slow),
-    ("no-reduction", ("reduction fifo fp32", "reduction prophet fp32"), ()),
+    pytest.param("no-reduction", ("reduction fifo fp32", "reduction prophet fp32"), (), marks=pytest.mark.slow),
     pytest.param("early-resolve", ("reduction fifo over a slow link", "reduction prophet over a slow link"), (),
                  marks=pytest.mark.slow),
-])  # CI: no-reduction here; the two the nccl rows see, in test_nccl_semantics.py's equality tests
+])  # CI: none here (15 s each); the nccl rows' two in test_nccl_semantics.py, no-reduction in test_mutant.py
 def test_the_rows_named_for_a_planted_defect_fail(tmp_path, mutant, failing, passing):
     code, rows = check(tmp_path, "--parts", "nccl,reduction", mutant=mutant)
     assert code == 1
@@ -96,3 +96,25 @@ def test_the_help_names_the_one_command_for_a_lent_gpu():
 def test_without_a_gpu_it_says_so():
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.slow  # 20 s; the GPU profile's CPU run, as the GPU check's is run above
+def test_the_gpu_profile_runs_on_cpu_and_writes_what_it_says(tmp_path):
+    """benchmarks/gpu_profile.py --device cpu: every case's iterations, the Python profile of each,
+    and a trace per case in traces.tar.gz."""
+    import tarfile
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), "--device", "cpu",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "profile.json").read_text())
+    cases = [f"overhead-{n}" for n in ("ddp", "fifo", "bytescheduler", "prophet")] + \
+            [f"link-{n}" for n in ("ddp", "fifo", "bytescheduler")]
+    assert [k for k in report if k != "setting"] == cases
+    assert all(len(report[c]["iteration_ms"]) == 7 for c in cases[:4])
+    assert report["link-bytescheduler"]["policy"] == "bytescheduler" and report["link-fifo"]["rounds"] > 0
+    text = (tmp_path / "python-profile.txt").read_text()
+    assert all(f"===== {c}:" in text for c in cases)
+    with tarfile.open(tmp_path / "traces.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(f"trace-{c}.json" for c in cases)

@@ -90,7 +90,8 @@ def test_planted_defects_fail_under_the_emulation_and_pass_unseen_on_gloo(tmp_pa
     assert all(r["max_abs_diff"] <= TOLERANCE for r in on_gloo[0].values()), on_gloo[0]
 
 
-@pytest.mark.parametrize("mutant", ["copy-back-returns-nothing", "producer-unwaited", "released-early"])
+@pytest.mark.parametrize("mutant", ["copy-back-returns-nothing", pytest.param("producer-unwaited", marks=pytest.mark.slow),
+                                    pytest.param("released-early", marks=pytest.mark.slow)])  # CI: the issue's own
 def test_what_cuda_orders_differently_is_caught_by_the_emulation(tmp_path, mutant):
     """tests/mutant, each a defect the emulation models since issue 54 and gloo cannot show:
     ``copy-back-returns-nothing`` (a ``then`` callback whose value holds no tensor: its CUDA

@@ -195,7 +195,7 @@ class Run:
         data = [(a, b) for name, a, b in log if name == f"nccl-{co.topology.data.group_name}"]
         sent = [a for name, a, _ in log if name == f"nccl-{co.topology.broadcasts.group_name}"]
         return {"broadcasts": len(sent), "broadcasts_overlapping": sum(any(a <= t < b for a, b in data) for t in sent),
-                "broadcasts_ahead": co.backend.buffer_sync.taken_ahead}
+                "broadcasts_ahead": getattr(getattr(co.backend, "buffer_sync", None), "taken_ahead", None)}  # None after the hand-off
 
     def wire_copies(self) -> list[torch.Tensor]:
         if self.kind == "ddp" or not self.case.endswith("bf16"):

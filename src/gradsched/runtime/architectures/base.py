@@ -58,6 +58,9 @@ class Stepping(Protocol):
     def step(self, snapshot: Any, plan: Any) -> None:
         """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
 
+    def local_gradient(self, i: int) -> None:
+        """A backward pass that does not communicate (``no_sync()``) added to parameter ``i``'s gradient."""
+
     def accumulated(self, i: int) -> None:
         """A later backward pass over the round's forward pass (``retain_graph``) added a local
         gradient to parameter ``i``'s, handed over already: under DDP it adds to the average."""

@@ -41,6 +41,9 @@ class ReplicatedStepping:
         if self.updates.pending(i) or i in self.handover.unsettled:
             self.updates.touch(i)
 
+    def local_gradient(self, i: int) -> None:
+        """Nothing: autograd added a backward pass's gradient that does not communicate to ``.grad``."""
+
     def accumulated(self, i: int) -> None:
         """Nothing more: autograd added a later backward pass's gradient onto the reduced one."""
 

@@ -37,6 +37,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from gradsched.runtime import torch_api
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import GradschedError, entry
 
@@ -124,11 +125,10 @@ class Topology:
             among = list(range(world)) if among is None else among
             ranks = [members[r] for r in among]  # in the order of group's ranks
             if everywhere:
-                return dist.new_group(ranks, backend=backend, timeout=wait, sort_ranks=False)
+                return torch_api.new_group(ranks, backend, wait)
             if rank not in among:
                 return None
-            return dist.new_group(ranks, backend=backend, timeout=wait, sort_ranks=False,
-                                  use_local_synchronization=True)
+            return torch_api.new_group(ranks, backend, wait, local=True)
 
         parts = workers if servers else None  # with servers, every rank creates every group, in the same order
         # the groups of every rank first: a part of the job then agrees on the rest's names

@@ -259,6 +259,7 @@ class Plane:
         if self.sync.local:
             if self.unused is not None and grad is not None:
                 self.unused.local_gradient(i)
+            self.stepping.local_gradient(i)
             return
         if self.current.life.gradient():  # the first gradient after a forward pass: a new round
             self.start_round()

@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from gradsched.core.plan import PlannedMessage
 from gradsched.core.task import TensorSpec
-from gradsched.runtime import torch_private
+from gradsched.runtime import torch_api, torch_private
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.runtime.comm.pairwise import Pairwise
 from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
@@ -280,7 +280,7 @@ class Shards:
             future = device.issue(group, lambda: self.pairwise.exchange(
                 [mine], {r: [slot[r]] for r in range(self.world) if r != self.rank}))
         else:
-            future = device.issue(group, lambda: dist.all_gather_single(gathered, mine, group=group, async_op=True))
+            future = device.issue(group, lambda: torch_api.all_gather_single(gathered, mine, group=group, async_op=True))
 
         def unpack(done: torch.futures.Future) -> list[torch.Tensor]:
             done.value()  # raises if the collective failed
@@ -388,7 +388,7 @@ class ReduceScatter(BaseTransport):
              on_sent: Callable[[], None] | None = None) -> Reduced:
         if self.pairwise is not None:
             return [self.pairwise.reduce_scatter(buffer, self.into.pop(id(buffer), None)) for buffer in buffers]
-        return [dist.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group,
+        return [torch_api.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group,
                                            async_op=True).get_future() for buffer in buffers]
 
     def close(self, wait: bool) -> None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from gradsched.core.plan import Plan
+from gradsched.runtime import torch_api
 from gradsched.runtime.comm import wire_format
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.wire_format import StateKeys
@@ -102,6 +103,17 @@ class ShardedStep:
     def close(self, wait: bool) -> None:
         """Nothing: every parameter is whole on every rank throughout."""
 
+    def local_gradient(self, i: int) -> None:
+        """Refused onto an averaged shard: a backward pass that does not communicate (``no_sync()``)
+        reached a parameter whose ``.grad`` held this rank's shard of the average (set aside by
+        :meth:`_before_accumulating`): the whole local gradient cannot be added to it as DDP adds it."""
+        if i in self.handover.added:
+            raise GradschedError(
+                f"architecture='sharded': a backward pass under no_sync() (or require_backward_grad_sync=False) "
+                f"reached {self.shards.names[i]!r}, whose .grad held this rank's shard of the average of the backward "
+                "pass before (no zero_grad() since), which cannot take a whole local gradient as DDP's does: call "
+                "zero_grad() after step(), or use architecture='allreduce'")
+
     def accumulated(self, i: int) -> None:
         """Refused: ``.grad`` holds this rank's shard of the average, which a whole local gradient
         cannot be added to as DDP adds it."""
@@ -128,6 +140,14 @@ class ShardedStep:
         self.wait_all()  # the previous step's gathers (a step without a forward between)
         self.shards.refresh()  # with compression: masters of parameters someone else wrote
         self.handover.wait(everything, "all gradients (the sharded step)")
+        own = [self.shards.names[i] for i, p in enumerate(self.shards.params)
+               if p.grad is not None and not isinstance(plain(p.grad), DTensor)]
+        if own and self.updates.optimizer is not None:
+            raise GradschedError(
+                f"architecture='sharded': step() on gradients this rank holds alone, not averaged (e.g. {own[:3]}: "
+                "set by hand, or accumulated under no_sync() since the last backward pass that synced); each rank "
+                "updates only its shard of every parameter, so the ranks cannot step apart as DDP's replicas then "
+                "do: step after a backward pass that synced, or use architecture='allreduce'")
         if self.updates.optimizer is not None:
             with self._on_shards(everything):
                 self.updates.apply_now(everything, snapshot)
@@ -210,7 +230,7 @@ class ShardedStep:
                 if value is not None:
                     padded[:value.numel()] = value.reshape(-1)
                 joined = padded.new_empty(c * shards.world)
-                dist.all_gather_single(joined, padded, group=group)
+                torch_api.all_gather_single(joined, padded, group=group)
                 if entry is not None:
                     entry[key] = joined[:p.numel()].view(p.shape).clone()
 
