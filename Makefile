@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SWEEP ?= 1,2,5,10,25,50,100
 
-.PHONY: demo test bench gpu-wheels clean
+.PHONY: demo test test-torch-range bench gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The subset marked torch_range (every architecture and policy against DDP, generated programs,
+# the private-API probes, the NCCL emulation's core case, a bench smoke run, the GPU check on
+# CPU with only what the lent machine has) on the floor and the newest torch of pyproject's
+# range, each in a virtual environment of its own with no extras (CPU runs of the CUDA builds).
+TORCH_RANGE ?= 2.11.0 2.14.1
+test-torch-range:
+	set -e; for v in $(TORCH_RANGE); do \
+		env=.venv-torch$$v; \
+		test -x $$env/bin/python || $(PYTHON) -m venv $$env; \
+		$$env/bin/python -m pip install --quiet torch==$$v; \
+		$$env/bin/python -m pip install --quiet -e '.[bench,plot]' 'pytest>=7.4' 'hypothesis>=6.100' 'numpy>=1.24'; \
+		$$env/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$$v', v"; \
+		$$env/bin/python -m pytest -m torch_range -p no:cacheprovider -q \
+			$$(grep -rl --include='test_*.py' 'mark.torch_range' tests | sort); \
+	done
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_speed.py
 
@@ -44,4 +60,4 @@ gpu-wheels:
 		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl msgspec==0.23.0
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) .venv-torch* out

@@ -122,6 +122,7 @@ def test_bad_cluster_arguments():
         EmulatedCluster(0, 1e9)
 
 
+@pytest.mark.torch_range
 @needs_netns
 def test_smoke_run_two_workers(tmp_path):
     """The CI smoke run: two ranks, one bandwidth, a few iterations, every field present."""

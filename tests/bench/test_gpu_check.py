@@ -19,23 +19,34 @@ from pathlib import Path
 import pytest
 import torch
 
+from bare.machine import bare_site
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
 def check(tmp_path, *args: str, mutant: str | None = None) -> tuple[int, list[dict]]:
+    """The check's command on CPU; without a mutant, with only what the lent machine has (tests/bare:
+    torch, what it requires, msgspec and the standard library; gradsched from src, as its command
+    runs it there)."""
     out = tmp_path / "check.json"
-    env = dict(os.environ)
+    env, python = dict(os.environ), [sys.executable]
     if mutant is not None:
         env.update(GRADSCHED_MUTANT=mutant,
                    PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "mutant"), env.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--json", str(out), *args],
+    else:
+        env.update(PYTHONPATH=os.pathsep.join([str(bare_site(tmp_path / "bare")), str(ROOT / "src")]))
+        python.append("-S")  # no site-packages (the processes it starts inherit the flag)
+    done = subprocess.run([*python, str(SCRIPT), "--device", "cpu", "--quick", "--json", str(out), *args],
                           capture_output=True, text=True, timeout=600, env=env)
     assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     return done.returncode, json.loads(out.read_text())["rows"]
 
 
+@pytest.mark.torch_range
 def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
+    """With only torch, msgspec and the standard library importable; CI runs it on every torch of
+    pyproject's range, the lent machine's (2.11) the floor."""
     code, rows = check(tmp_path)
     assert code == 0, [r for r in rows if r["ok"] is False]
     parts = [r["part"] for r in rows]
@@ -118,3 +129,24 @@ def test_the_gpu_profile_runs_on_cpu_and_writes_what_it_says(tmp_path):
     assert all(f"===== {c}:" in text for c in cases)
     with tarfile.open(tmp_path / "traces.tar.gz") as tar:
         assert sorted(tar.getnames()) == sorted(f"trace-{c}.json" for c in cases)
+
+
+def test_the_bare_interpreter_has_no_extras_and_the_check_needs_none_gone_in_python_3_12(tmp_path):
+    """tests/bare has torch and msgspec and not numpy; and nothing the check imports
+    (gradsched, benchmarks/gpucheck) is a module Python 3.12 removed (the lent machine's Python)."""
+    import ast
+
+    bare = str(bare_site(tmp_path / "bare"))
+    done = subprocess.run([sys.executable, "-S", "-c", "import torch, msgspec, gradsched\ntry:\n    import numpy\n"
+                           "except ModuleNotFoundError:\n    print('no numpy')"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([bare, str(ROOT / "src")])})
+    assert done.returncode == 0 and done.stdout.strip() == "no numpy", done.stderr[-2000:]
+    removed = {"distutils", "imp", "asynchat", "asyncore", "smtpd"}  # gone in 3.12
+    files = [*(ROOT / "src" / "gradsched").rglob("*.py"), *(ROOT / "benchmarks" / "gpucheck").glob("*.py"), SCRIPT]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), feature_version=(3, 11))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}: {n}" for n in names if n.partition(".")[0] in removed]
+    assert found == []

@@ -78,6 +78,7 @@ def check(reports: list[dict], arch: str) -> None:
             assert entry["plane_threads"] == [], f"{where}: the retired plane's threads still run"
 
 
+@pytest.mark.torch_range
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_every_architecture_keeps_the_contract(tmp_path, arch):
     check(run(tmp_path, arch, QUICK[arch]), arch)

@@ -51,6 +51,7 @@ def run(machine: type[Program], budget: settings) -> None:
     assert STATS["compared"] >= STATS["programs"] // 2, dict(STATS)  # most programs ran to their end
 
 
+@pytest.mark.torch_range
 def test_generated_programs_train_as_ddp_does():
     run(Program, budget(DEFAULT, 30))
 

@@ -34,6 +34,7 @@ def check_ranks(results) -> None:
         assert r.returncode == 0, r.stderr[-4000:]
 
 
+@pytest.mark.torch_range
 def test_every_policy_and_optimizer_matches_ddp_on_two_ranks(tmp_path):
     out = tmp_path / "out.json"
     check_ranks(run_ranks("train_compare", 2, str(out), "--optimizers", "sgd,adam,adamw-groups,rmsprop",

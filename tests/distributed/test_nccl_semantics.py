@@ -68,6 +68,7 @@ def check(ranks: list[dict], cases, policies, apis=("ddp", "wrap")) -> None:
                 assert result["wire_copies"] > 10 and result["wire_copies_alive"] <= 1, (rank, key, result)
 
 
+@pytest.mark.torch_range
 def test_where_nccl_semantics_matter_gradsched_equals_ddp(tmp_path):
     check(semantics(tmp_path, CI_CASES, ("prophet",), ("ddp",)), CI_CASES, ("prophet",), ("ddp",))
 

@@ -13,6 +13,8 @@ import torch.distributed as dist
 from gradsched.runtime import torch_api
 from gradsched.runtime.errors import GradschedError
 
+pytestmark = pytest.mark.torch_range  # every torch of pyproject's range (Makefile: test-torch-range)
+
 
 def test_the_collectives_chosen_gather_and_scatter_on_this_torch(world_of_one):
     mine = torch.arange(4.0)

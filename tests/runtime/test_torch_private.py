@@ -1,9 +1,11 @@
 """Each private PyTorch API gradsched uses (gradsched.runtime.torch_private) does, on the installed
-PyTorch, what gradsched relies on; on another minor version than the one the module was written
-for, the first test fails until the module has been read again against it."""
+PyTorch, what gradsched relies on (CI runs this file on the floor of pyproject's range, the pinned
+torch and the newest); each use's probe passes here, and a torch that dropped one is refused at
+the wrap, naming the use."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -12,9 +14,30 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsched.runtime import torch_private as tp
 
+pytestmark = pytest.mark.torch_range  # every torch of pyproject's range (Makefile: test-torch-range)
 
-def test_written_for_the_installed_pytorch():
-    assert torch.__version__.startswith(tp.WRITTEN_FOR + "."), (torch.__version__, tp.WRITTEN_FOR)
+
+def test_every_private_use_is_there_on_the_installed_torch():
+    assert tp.missing() == [], torch.__version__
+    tp.require()
+
+
+def test_a_torch_without_a_use_is_refused_by_the_uses_name(monkeypatch, world_of_one):
+    import gradsched
+    from gradsched.runtime.errors import GradschedError
+
+    monkeypatch.delattr(torch._C, "_will_engine_execute_node")
+    monkeypatch.setattr(tp, "_CHECKED", [])
+    assert tp.missing() == ["will_be_reached: the engine's answer whether a node runs "
+                            "(torch._C._will_engine_execute_node)"]
+    with pytest.raises(GradschedError, match=r"lacks what gradsched uses .*will_be_reached"):
+        gradsched.DistributedDataParallel(nn.Linear(2, 2))
+
+
+def test_the_grad_scaler_probe_reads_torchs_source(monkeypatch):
+    """The probe that can only read: GradScaler's module sets both names on the optimizer."""
+    monkeypatch.setattr(tp, "GRAD_SCALER_ATTRIBUTES", ("grad_scale", "no_such_name"))
+    assert any(use.startswith("GRAD_SCALER_ATTRIBUTES") for use in tp.missing())
 
 
 def test_backward_running_and_what_it_will_reach():

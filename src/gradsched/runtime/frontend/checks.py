@@ -17,6 +17,7 @@ from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
 from gradsched.runtime.training.sparse import sparse_parameters
+from gradsched.runtime import torch_private
 from gradsched.runtime.torch_private import ddp_ignored
 from gradsched.runtime.comm import wire_format
 from gradsched.runtime.comm.wire_format import RankChecks
@@ -30,6 +31,7 @@ def check_arguments(model: nn.Module) -> None:
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"{entry()}: model must be a torch.nn.Module, got {type(model).__name__}")
+    torch_private.require()  # the installed torch has what gradsched's private uses rely on
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:

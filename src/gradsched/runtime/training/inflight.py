@@ -23,11 +23,10 @@ import warnings
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
-from torch.utils._pytree import tree_map
 
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.device import Produced
-from gradsched.runtime.torch_private import plain_torch_function
+from gradsched.runtime.torch_private import plain_torch_function, tree_map
 
 
 class InFlightGrad(torch.Tensor):
