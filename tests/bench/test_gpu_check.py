@@ -43,6 +43,7 @@ def check(tmp_path, *args: str, mutant: str | None = None) -> tuple[int, list[di
     return done.returncode, json.loads(out.read_text())["rows"]
 
 
+@pytest.mark.slow  # 22 s: CI runs it in the torch_range subset, on 2.11 (the lent machine's) and 2.14
 @pytest.mark.torch_range
 def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
     """With only torch, msgspec and the standard library importable; CI runs it on every torch of

@@ -123,6 +123,19 @@ FOUND = {
         [STEP, ("step", {"closure_seed": 39, "use_side": [True, True]}), ("clip", {"how": "wrapper_norm",
                                                                                    "value": 1.0})]),
     #   (a float32 norm where torch's, over both dtypes, is float64)
+    "gradients set by hand, stepped behind a queued step, then p.grad.zero_()": (
+        config(policy="bytescheduler", scheduler=True),
+        [("step", {"closure_seed": 35, "use_side": [False, True]}), ("set_grads", {"seed": 0}),
+         ("step", {"closure_seed": None, "use_side": [False, False]}), zero("zero_"), ("checkpoint", {})]),
+    #   (the queued step read the user's gradient when applied: zeros by then; found with parameter servers)
+}
+
+#: ... and with a parameter server (ServerProgram)
+FOUND_WITH_SERVERS = {
+    "parameter servers: bf16 compression and a float64 layer among float32 ones": (
+        config(policy="fifo", architecture="ps", float64=True, comm="bf16", handoff=True),
+        [("iterations", {"seeds": [0], "zero": "optimizer"})]),
+    #   (GradschedError: the servers expected one bf16 buffer, the launcher pushed one per dtype)
 }
 
 
@@ -155,6 +168,11 @@ def run_program(configuration: dict, calls: list[tuple], machine: type[Program] 
 @pytest.mark.parametrize("name", FOUND)
 def test_what_the_programs_found(name):
     run_program(*FOUND[name])
+
+
+@pytest.mark.parametrize("name", FOUND_WITH_SERVERS)
+def test_what_the_programs_found_with_a_parameter_server(name):
+    run_program(*FOUND_WITH_SERVERS[name], machine=ServerProgram)
 
 
 @pytest.mark.parametrize("name", FOUND_REFUSED)

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Sequence, Union
 import torch
 
 from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.training.inflight import Handover, plain
+from gradsched.runtime.training.inflight import Handover, InFlightGrad, plain
 from gradsched.runtime.torch_private import GRAD_SCALER_ATTRIBUTES
 from gradsched.runtime.diagnostics.tracing import RunTrace
 
@@ -83,7 +83,12 @@ class DeferredUpdates:
                                  if getattr(self.optimizer, name, None) is not None})
 
     def _enqueue(self, i: int, action: Action) -> None:
-        self.queue.setdefault(i, []).append((action, self.params[i].grad))  # whatever .grad becomes meanwhile
+        grad = self.params[i].grad  # whatever .grad becomes meanwhile
+        if isinstance(action, Snapshot) and grad is not None and not isinstance(grad, InFlightGrad):
+            # a gradient nothing watches (the user's own, or reduced and seen) stepped behind an action
+            # still queued: its values now, as step() would read them (p.grad.zero_() may follow)
+            grad = grad.detach().clone()
+        self.queue.setdefault(i, []).append((action, grad))
 
     def request_step(self, indices: Sequence[int], snapshot: Snapshot) -> None:
         """Queue a step with ``snapshot`` for ``indices``; apply at once those this thread can

@@ -65,7 +65,7 @@ class ParameterServers(Architecture):
                   versions: PlanVersions, config: RuntimeConfig, device: Device,
                   comm_hook: CommHook | None) -> Transport:
         pushpull = PushPull(topology.data, topology.plans, topology.rank, topology.servers, topology.num_workers,
-                            _pushed_dtypes(names, params, config), versions)
+                            _dtypes(names, params), versions, wire_dtype(config.compression))
         return compressed(Issued(pushpull, device, topology.data), config)
 
     def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
@@ -88,12 +88,11 @@ class ParameterServers(Architecture):
         """Serve until the workers close their optimizers; then let go of gradsched's groups and
         return (the user's process group, and the process, stay the user's)."""
         try:
-            Server(topology, _pushed_dtypes(names, params, config), config.timeout).run()
+            Server(topology, _dtypes(names, params), config.timeout, wire_dtype(config.compression)).run()
         finally:
             topology.release()
 
 
-def _pushed_dtypes(names: Sequence[str], params: Sequence[torch.Tensor], config: RuntimeConfig) -> dict:
-    """What the workers push, by gradient (every rank checked the options equal)."""
-    wire = wire_dtype(config.compression)
-    return {n: wire or p.dtype for n, p in zip(names, params)}
+def _dtypes(names: Sequence[str], params: Sequence[torch.Tensor]) -> dict:
+    """Each gradient's dtype, by name (every rank checked the model's dtypes and the options equal)."""
+    return {n: p.dtype for n, p in zip(names, params)}

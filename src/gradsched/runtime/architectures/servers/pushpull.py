@@ -80,15 +80,19 @@ def chunks(numel: int, servers: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype]) -> list[tuple[torch.dtype, int]]:
-    """(dtype, elements) of each buffer the message travels in, in tag order."""
+def buffer_layout(message: PlannedMessage, dtype_of: Mapping[str, torch.dtype],
+                  wire: torch.dtype | None = None) -> list[tuple[torch.dtype, int]]:
+    """(dtype, elements) of each buffer the message travels in, in tag order: one per dtype of its
+    gradients (``dtype_of``), in the order the launcher packs them (``broadcast.by_dtype``), each
+    travelling as ``wire`` where compression casts it (a float64 and a float32 group stay two
+    buffers, both bf16)."""
     totals: dict[torch.dtype, int] = {}
     for name, _, numel in message.slices:
         dtype = dtype_of[name]
         totals[dtype] = totals.get(dtype, 0) + numel
     if len(totals) > MAX_DTYPES:
         raise GradschedError(f"a message holds more than {MAX_DTYPES} dtypes")
-    return [(d, totals[d]) for d in sorted(totals, key=str)]
+    return [(wire or d, totals[d]) for d in sorted(totals, key=str)]
 
 
 def _if_done(future: torch.futures.Future, then: Callable[[], None]) -> None:
@@ -109,14 +113,15 @@ class PushPull(BaseTransport):
 
     def __init__(self, data_group: dist.ProcessGroup, plans_group: dist.ProcessGroup, rank: int,
                  server_ranks: Sequence[int], workers: int, dtype_of: Mapping[str, torch.dtype],
-                 versions: PlanVersions) -> None:
-        """``dtype_of``: what each gradient travels as (the wire dtype, with compression)."""
+                 versions: PlanVersions, wire: torch.dtype | None = None) -> None:
+        """``dtype_of``: each gradient's dtype; ``wire``: what every gradient travels as with compression."""
         self.group = data_group
         self.plans_group = plans_group
         self.rank = rank
         self.servers = list(server_ranks)
         self.workers = workers
         self.dtype_of = dict(dtype_of)
+        self.wire = wire
         self._plans: dict[int, Plan] = {}  # version -> plan, for checking what is pushed
         self._round = 0  # the latest round announced to the servers
         self._held: list = []  # header and plan sends in flight, with their tensors
@@ -156,7 +161,7 @@ class PushPull(BaseTransport):
             for old in [v for v in self._plans if v < key.version]:
                 del self._plans[old]
             message = self._plans[key.version].messages[key.index]
-        layout = buffer_layout(message, self.dtype_of)
+        layout = buffer_layout(message, self.dtype_of, self.wire)
         if [(b.dtype, b.numel()) for b in buffers] != layout:
             raise GradschedError(f"message {key.index}: buffers {[(b.dtype, b.numel()) for b in buffers]} "
                                  f"!= layout {layout}")

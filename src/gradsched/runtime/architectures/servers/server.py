@@ -32,12 +32,15 @@ from gradsched.runtime.architectures.servers.pushpull import HEADER_TAG, STOP, b
 
 
 class Server:
-    def __init__(self, topology: Topology, dtype_of: Mapping[str, torch.dtype], timeout_s: float) -> None:
+    def __init__(self, topology: Topology, dtype_of: Mapping[str, torch.dtype], timeout_s: float,
+                 wire: torch.dtype | None = None) -> None:
+        """``dtype_of``: each gradient's dtype; ``wire``: what every gradient travels as with compression."""
         self.rank = topology.rank
         self.workers = list(topology.workers)
         self.servers = list(topology.servers)
         self.me = self.servers.index(self.rank)
         self.dtype_of = dict(dtype_of)
+        self.wire = wire
         self.group = topology.data
         self.plans_group = plans_group = topology.plans
         self.timeout = timedelta(seconds=timeout_s)
@@ -135,7 +138,7 @@ class Server:
         if self._buffers is None or self._buffers[0] != version:
             buffers = {}
             for k, message in enumerate(self._plan(version).messages):
-                for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of)):
+                for j, (dtype, total_numel) in enumerate(buffer_layout(message, self.dtype_of, self.wire)):
                     for p, (a, b) in enumerate(cut(total_numel, len(self.servers), dtype.itemsize)[self.me]):
                         buffers[(k, j, p)] = [torch.empty(b - a, dtype=dtype) for _ in self.workers]
             self._buffers = (version, buffers)
