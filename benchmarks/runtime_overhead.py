@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -92,19 +89,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(args.ranks):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", *sys.argv[1:]], env=env,
-                                      stdout=subprocess.PIPE, text=True))
-    outputs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit("a rank failed")
-    return json.loads(outputs[0].strip().splitlines()[-1])
+    from gradsched.bench.processes import local_ranks
+
+    return local_ranks([__file__, "--worker", *sys.argv[1:]], args.ranks)
 
 
 def summary(runs: list[dict]) -> dict:

@@ -23,6 +23,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_ranks(argv: list[str], ranks: int, env: dict[str, str] | None = None) -> dict:
+    """Run ``argv`` (a script and its arguments) as ``ranks`` processes of one job on this host
+    (loopback rendezvous, one intra-op thread each, ``env`` added) and return what rank 0 printed
+    last, as JSON: how the benchmarks' scripts run their own ranks."""
+    port = free_port()
+    procs = []
+    for rank in range(ranks):
+        rank_env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=subprocess.PIPE, text=True))
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("a rank failed")
+    return json.loads(outputs[0].strip().splitlines()[-1])
+
+
 def torchrun_host(nnodes: int, node_rank: int, nproc: int, endpoint: str, address: str, rdzv_id: str) -> list[str]:
     """One host's torchrun command line, to which the script and its arguments are appended.
     A host states its own address (``--local-addr``: a namespace shares the machine's
