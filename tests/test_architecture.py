@@ -176,8 +176,11 @@ def test_every_module_says_what_it_holds():
         assert doc and len(doc.split()) >= 4, f"{path.relative_to(SRC)}: say what the module holds, in its docstring"
 
 
-ARCHITECTURE_NAMES = {"allreduce", "ps", "sharded"}
-FACTORY = "gradsched/runtime/architectures/choice.py"
+from gradsched.core.architectures import NAMES  # noqa: E402 - torch-free
+
+ARCHITECTURE_NAMES = {*NAMES, "ddp-reducer"}  # every name, the one DDP's reducer goes by included
+THE_LIST = "gradsched/core/architectures.py"  # the one list of names
+FACTORY = "gradsched/runtime/architectures/choice.py"  # the one place that builds an object from a name
 
 
 def architecture_branches(source: str) -> list[int]:
@@ -197,18 +200,71 @@ def architecture_branches(source: str) -> list[int]:
 
 
 def test_only_the_factory_asks_which_architecture():
-    """The runtime never branches on the architecture's name: the object chosen once
-    (gradsched.runtime.architectures.choice) answers instead."""
+    """Nothing in gradsched branches on an architecture's name: in the runtime the object chosen
+    once (gradsched.runtime.architectures.choice) answers, elsewhere (the simulator, the bench,
+    the CLI) what the one list says of it (gradsched.core.architectures)."""
     offenders = []
-    for path in (SRC / "gradsched" / "runtime").rglob("*.py"):
+    for path in (SRC / "gradsched").rglob("*.py"):
         relative = path.relative_to(SRC).as_posix()
-        if relative != FACTORY:
+        if relative not in (FACTORY, THE_LIST):
             offenders += [f"{relative}:{line}" for line in architecture_branches(path.read_text())]
     assert offenders == []
 
 
+def test_every_list_of_architectures_is_the_one_list():
+    """The runtime's factory, the simulator's clusters and the CLI take the names of one list."""
+    from gradsched.cli import build_parser
+    from gradsched.runtime.architectures.choice import BUILT
+    from gradsched.sim import ARCHITECTURES
+
+    assert tuple(BUILT) == NAMES and ARCHITECTURES == NAMES
+    simulate = build_parser()._subparsers._group_actions[0].choices["simulate"]
+    arch = next(a for a in simulate._actions if "--arch" in a.option_strings)
+    assert tuple(arch.choices) == NAMES
+
+
+# the runtime's packages, lowest first: a module imports only from its own package or one below
+# (every import counts: inside functions and under TYPE_CHECKING too); the top-level modules
+# (config, errors, torch_api, torch_private) are below every package
+RUNTIME_LAYERS = ["device", "diagnostics", "comm", "planning", "training", "architectures", "frontend"]
+
+
+def upward_imports(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    """Imports in ``modules`` from a runtime package above the importing module's."""
+
+    def layer(name: str) -> int | None:
+        parts = name.split(".")
+        if parts[:2] != ["gradsched", "runtime"] or len(parts) < 3:
+            return None
+        return RUNTIME_LAYERS.index(parts[2]) if parts[2] in RUNTIME_LAYERS else -1
+
+    found = []
+    for module, (source, is_package) in sorted(modules.items()):
+        own = layer(module)
+        if own is None:
+            continue
+        found += [f"{module} imports {name}" for name in sorted(imports(module, source, is_package))
+                  if (theirs := layer(name)) is not None and theirs > own]
+    return found
+
+
+def test_no_runtime_import_points_up():
+    assert upward_imports(project_modules()) == []
+
+
+@pytest.mark.parametrize("module,source", [
+    ("gradsched.runtime.comm.exchange", "from gradsched.runtime.training.inflight import Handover"),
+    ("gradsched.runtime.planning.planner", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from ..architectures.allreduce import AllReduce"),
+    ("gradsched.runtime.config", "def f():\n    from gradsched.runtime.device import device_for"),
+])
+def test_the_layer_checker_catches_imports_that_point_up(module, source):
+    assert upward_imports({module: (source, False)}), f"{module}: {source!r} was not caught"
+
+
 @pytest.mark.parametrize("source", ['if config.architecture == "ps": pass', 'x = self.config.architecture',
-                                    'ok = arch in ("allreduce", "sharded")', 'if "sharded" != name: pass'])
+                                    'ok = arch in ("allreduce", "sharded")', 'if "sharded" != name: pass',
+                                    'if cluster.arch == "fully_sharded": pass', 'if name != "ddp-reducer": pass'])
 def test_the_branch_finder_finds_branches(source):
     assert architecture_branches(source) == [1]
 
@@ -217,7 +273,7 @@ def test_the_runtime_is_in_packages_named_for_what_they_hold():
     top = sorted(p.name for p in (SRC / "gradsched" / "runtime").glob("*.py"))
     assert top == ["__init__.py", "config.py", "errors.py", "torch_api.py", "torch_private.py"]  # torch_*: what torch offers
     packages = sorted(p.name for p in (SRC / "gradsched" / "runtime").iterdir() if (p / "__init__.py").exists())
-    assert packages == ["architectures", "comm", "device", "diagnostics", "frontend", "planning", "training"]
+    assert packages == sorted(RUNTIME_LAYERS)
 
 
 @pytest.mark.parametrize("package", ["runtime", "bench"])

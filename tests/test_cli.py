@@ -114,6 +114,7 @@ def test_models_lists_everything(capsys):
         (["simulate", "--workers", "two"], "invalid int value"),
         (["simulate", "--servers", "2"], "--servers needs --arch ps"),
         (["simulate", "--arch", "ring"], "invalid choice"),
+        (["simulate", "--arch", "fully_sharded"], "does not model parameters gathered in the forward pass"),
         (["simulate", "--sweep-bandwidth", "1,2", "--trace", "t.json"], "--trace needs a single bandwidth"),
         (["simulate", "--plot", "/no/such/dir/p.png"], "does not exist"),
         (["simulate", "--trace", "/"], "is a folder; give a file name"),

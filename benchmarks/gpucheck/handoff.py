@@ -42,7 +42,7 @@ def part_handoff(device: torch.device, quick: bool) -> list[dict]:
     flat: dict[int, tuple[weakref.ref, int]] = {}  # every flat buffer gradsched made, while it trains itself
 
     def look(step: int) -> None:
-        if co.handed_off_round is None:  # gradsched's own plane still reduces
+        if co.run.handed_off_round is None:  # gradsched's own plane still reduces
             for layout in list(co.backend.exchange._layouts._made.values()):
                 for home in layout.homes.values():
                     base = home._base if home._base is not None else home

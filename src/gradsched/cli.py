@@ -22,6 +22,7 @@ from .files import problem_writing
 from .progress import Progress
 from .cli_args import Parser, UsageError, bandwidths, parse_sets, split_list
 from .core import POLICIES, policy_config
+from .core.architectures import KINDS, NAMES, kind
 from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
@@ -44,8 +45,8 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=16, help="number of workers (default 16)")
     p.add_argument("--bandwidth", help="link bandwidth per worker and direction, e.g. 10Gbit (default 10Gbit)")
     p.add_argument("--latency", default="50us", help="per-message latency, e.g. 50us (default 50us)")
-    p.add_argument("--arch", default="allreduce", choices=["allreduce", "ps", "sharded"],
-                   help="communication architecture (sharded: reduce-scatter in backward, all-gather after the step)")
+    p.add_argument("--arch", default="allreduce", choices=NAMES,
+                   help="communication architecture: " + "; ".join(f"{k.name}: {k.summary}" for k in KINDS))
     p.add_argument("--servers", type=int, default=0, help="parameter servers for --arch ps (default: = workers)")
     p.add_argument("--compression", choices=["bf16", "fp16"],
                    help="gradients travel as bf16/fp16: 2 bytes per element on the wire, and each message is cast "
@@ -115,8 +116,13 @@ def _policies(args: argparse.Namespace) -> list[PolicyConfig]:
 def _clusters(args: argparse.Namespace) -> list[Cluster]:
     rates = bandwidths(args.bandwidth, args.sweep_bandwidth, "10Gbit")
     latency = parse_duration(args.latency)
-    if args.servers and args.arch != "ps":
+    arch = kind(args.arch)
+    if args.servers and not arch.servers:
         raise UsageError("--servers needs --arch ps")
+    if not arch.simulated:
+        raise UsageError(f"--arch {arch.name}: the simulator's engine does not model parameters gathered in the "
+                         "forward pass (gradsched.sim.fsdp.fully_sharded_iteration_s does, for one schedule); "
+                         "--arch sharded models the same gradient messages")
     cast = _cast_cost(args)
     return [Cluster(args.workers, b, latency, args.arch, args.servers, cast_s_per_byte=cast) for b in rates]
 

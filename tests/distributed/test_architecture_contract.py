@@ -78,6 +78,12 @@ def check(reports: list[dict], arch: str) -> None:
             assert entry["plane_threads"] == [], f"{where}: the retired plane's threads still run"
 
 
+def test_the_contract_covers_every_architecture_a_user_can_name():
+    from gradsched.core.architectures import NAMES
+
+    assert set(ARCHITECTURES) == {*NAMES, "reducer"} and set(QUICK) == set(ARCHITECTURES)
+
+
 @pytest.mark.torch_range
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_every_architecture_keeps_the_contract(tmp_path, arch):

@@ -215,7 +215,7 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
     through gradsched's optimizer, else as the next forward pass begins), and from then on
     DDP reduces: the parameters and BatchNorm buffers equal DDP's, no_sync() accumulation
     and an uneven epoch under join() after the hand-off included, through both APIs; the
-    user's module keeps its class."""
+    user's module keeps its class; the plane is gone after it."""
     out = tmp_path / "out.json"
     results = run_ranks("handoff", 2, str(out), timeout=240)
     check_ranks(results)
@@ -235,6 +235,10 @@ def test_kept_buckets_are_handed_to_ddps_reducer_and_train_as_ddp(tmp_path):
             assert result["checksum"] == ranks[0][api]["checksum"]
             # one gradient buffer: the gradients are views of DDP's buckets (fewer storages than gradients)
             assert result["grad_storages"] < result["grads"], (api, result)
+            # the plane retired whole: its exchange, planner and threads gone, so nothing after the hand-off can
+            # ask them (stats() and export_profile() read the run's record)
+            assert result["retired_alive"] == [False, False, False] and not result["launcher_alive"], (api, result)
+            assert result["profiled"] and result["threads"] == ["gradsched-peer-status"], (api, result)
 
 
 @pytest.mark.parametrize("slower_ms", [-15, 60])

@@ -58,10 +58,10 @@ def test_only_all_reduce_hands_kept_buckets_to_ddps_reducer():
 
 
 def test_how_plans_model_each_link():
-    assert (arch("allreduce").link_model, arch("ps").link_model, arch("sharded").link_model) == \
-        ("allreduce", "ps", "allreduce")
-    assert arch("allreduce").link(1e-3, 1e-9, 2e-4) == (1e-3, 1e-9, 2e-4)
-    latency, per_byte, per_message = arch("ps").link(1e-3, 1e-9, 2e-4)  # one direction of a push and pull
+    models = [arch(name).link_model() for name in ("allreduce", "ps", "sharded")]
+    assert [m.sim for m in models] == ["allreduce", "ps", "allreduce"]
+    assert models[0].link(1e-3, 1e-9, 2e-4) == (1e-3, 1e-9, 2e-4)
+    latency, per_byte, per_message = models[1].link(1e-3, 1e-9, 2e-4)  # one direction of a push and pull
     assert (latency, per_byte, per_message) == pytest.approx((3e-4, 1e-9, 2e-4))
-    assert [a.predicts_trial for a in (arch("allreduce"), arch("ps"), arch("sharded"))] == [True, False, False]
+    assert [m.probed for m in models] == [True, False, False]
     assert arch("ps").servers == 1 and arch("allreduce").servers == 0

@@ -28,7 +28,7 @@ def test_bad_compression_is_refused_at_wrap_time(world_of_one, compression, mode
 
 def test_the_ddp_drop_in_takes_compression_too(world_of_one):
     model = gradsched.DistributedDataParallel(nn.Linear(4, 4), compression="bf16")
-    assert all(t.element_size == 2 for t in model._binder.coordinator.tensors)  # plans count wire bytes
+    assert all(t.element_size == 2 for t in model._binder.coordinator.backend.tensors)  # plans count wire bytes
     model.close()
 
 
@@ -37,7 +37,7 @@ def test_the_fallbacks_buckets_are_ddps_counted_in_wire_bytes(world_of_one, comp
     """DDP caps buckets in float32 gradient bytes, also with a compression hook; the plans
     count wire bytes, so compressed the fallback's caps are halved (the same tensors per bucket)."""
     model = gradsched.DistributedDataParallel(nn.Linear(4, 4), compression=compression, bucket_cap_mb=3)
-    buckets = model._binder.coordinator.planner.predictor.buckets()
+    buckets = model._binder.coordinator.backend.planner.predictor.buckets()
     assert (buckets.bucket_cap_bytes, buckets.first_bucket_bytes) == (cap, cap // 3)
     model.close()
 

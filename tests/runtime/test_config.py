@@ -47,5 +47,5 @@ def test_each_name_builds_its_architecture():
     built = {name: choose(RuntimeConfig.from_options({"architecture": name, "servers": 2 if name == "ps" else 0}))
              for name in NAMES}
     assert {name: a.name for name, a in built.items()} == {name: name for name in NAMES}
-    assert built["ps"].servers == 2 and built["ps"].link_model == "ps"
-    assert built["allreduce"].predicts_trial and not built["sharded"].predicts_trial
+    assert built["ps"].servers == 2 and built["ps"].link_model().sim == "ps"
+    assert built["allreduce"].link_model().probed and not built["sharded"].link_model().probed

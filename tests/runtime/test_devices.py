@@ -328,3 +328,43 @@ def test_the_emulated_streams_belong_to_the_process_and_its_roles():
     assert first.stream_of(GROUP) is not first.stream_of(other)
     first.close()
     second.close()
+
+
+class _TimedDevice(HostDevice):
+    """A device whose timed events are numbers on a clock of its own (a GPU's, running behind)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.asked: list[tuple[float, float]] = []
+
+    def timed_event(self) -> float:
+        self.now += 1.0
+        return self.now
+
+    def seconds_between(self, first: float, second: float) -> float:
+        self.asked.append((first, second))
+        return (second - first) * 10.0  # the device took ten times what the host saw
+
+
+def test_the_clock_times_through_its_device_only():
+    """The training thread's stamps record the device's timed events (no CUDA call of the
+    clock's own) and resolve to device times through the same device; the host's clock where
+    the device records none."""
+    from gradsched.runtime.planning.clock import Clock
+    from gradsched.runtime.planning.profiling import RoundTiming
+
+    device, timing = _TimedDevice(), RoundTiming()
+    clock = Clock(device)
+    timing.forward_start = clock.stamp(timing, "forward_start")
+    timing.forward_end = clock.stamp(timing, "forward_end")
+    timing.ready["w"] = clock.stamp(timing, ("ready", "w"))
+    assert timing.events == {"forward_start": 101.0, "forward_end": 102.0, ("ready", "w"): 103.0}
+    resolved = clock.resolve(timing)
+    assert resolved.forward_end == pytest.approx(timing.forward_start + 10.0)
+    assert resolved.ready["w"] == pytest.approx(timing.forward_start + 20.0) and resolved.events == {}
+    assert clock.between(timing, timing) == 0.0 and device.asked[-1] == (101.0, 101.0)
+    host = RoundTiming()
+    host.forward_start = Clock(HostDevice()).stamp(host, "forward_start")
+    assert host.events == {} and Clock(HostDevice()).resolve(host) is host
+    with pytest.raises(TypeError, match="host's clock"):
+        EmulatedNccl(0.0, 0.0, 1.0).seconds_between(None, None)

@@ -32,3 +32,21 @@ def test_several_ranks_behind_are_all_named():
     text = describe(3, Status(4, "training", 0.0), {0: Status(3, "closed", 1.0), 1: Status(2, "closed", 1.0),
                                                     2: Status(4, "training", 0.0)})
     assert f"Rank 0 and rank 1 {UNEVEN}" in text
+
+
+def test_a_ranks_report_is_read_from_its_rounds():
+    """The watcher reads the run's rounds (no reference back to the coordinator): the backward
+    pass it heads to, joined or closed."""
+    from gradsched.runtime.diagnostics.peer_status import status_of
+    from gradsched.runtime.training.lifecycle import RoundLife
+
+    life = RoundLife()
+    life.forward()
+    life.gradient()
+    life.close()
+    life.forward()  # a forward pass began: heading to round 2
+    assert (status_of(life).round, status_of(life).state) == (2, "training")
+    life.joined = True
+    assert (status_of(life).round, status_of(life).state) == (1, "joined")
+    life.closed = True
+    assert status_of(life).state == "closed"

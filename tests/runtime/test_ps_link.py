@@ -36,7 +36,7 @@ def _estimate(seed: int) -> LinkEstimator:
 @pytest.mark.parametrize("seed", range(3))
 def test_one_direction_of_a_push_pull_link_is_recovered(seed):
     estimator = _estimate(seed)
-    latency, per_byte, overhead = ParameterServers(1).link(estimator.latency, estimator.seconds_per_byte, estimator.per_message)
+    latency, per_byte, overhead = ParameterServers(1).link_model().link(estimator.latency, estimator.seconds_per_byte, estimator.per_message)
     # within 10%, on the slow side: a larger message's push can leave a gap before its pull
     # (halving it, as the planner once did, plans for twice the bandwidth)
     assert PER_BYTE <= per_byte <= 1.1 * PER_BYTE

@@ -394,7 +394,7 @@ def test_parameters_in_containers_are_updated_before_use(world_of_one, policy):
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     # each block waits for its own container's parameters, not the whole model
-    waits = {opt._coordinator.waits.name[m]: len(idx) for m, idx in opt._coordinator.waits.of.items()}
+    waits = {opt._coordinator.backend.waits.name[m]: len(idx) for m, idx in opt._coordinator.backend.waits.of.items()}
     assert waits["blocks.0"] == 2 and waits["blocks.2"] == 2 and waits[""] == 1  # the root holds `scale`
     opt.close()
 

@@ -28,7 +28,7 @@ def test_an_update_applied_later_still_unscales_and_skips_overflows():
         param = torch.nn.Parameter(start.clone())
         param.grad = grad * 4.0
         optimizer = _fused(param)
-        updates = DeferredUpdates(optimizer, [param], ["w"], exchange=None, handover=None, trace=None)
+        updates = DeferredUpdates(optimizer, [param], ["w"], trace=None)
         optimizer.grad_scale, optimizer.found_inf = torch.tensor(4.0), torch.tensor(found_inf)
         snapshot = updates.snapshot()
         del optimizer.grad_scale, optimizer.found_inf
@@ -51,8 +51,7 @@ def test_a_partial_update_holds_no_more_temporaries_than_the_full_step():
     optimizer.step()  # the state exists from here on
     with LiveTemporaries() as full:
         optimizer.step()
-    updates = DeferredUpdates(optimizer, params, [str(i) for i in range(len(params))], exchange=None,
-                              handover=None, trace=None)
+    updates = DeferredUpdates(optimizer, params, [str(i) for i in range(len(params))], trace=None)
     with LiveTemporaries() as same:
         updates.step_only({id(p) for p in params}, updates.snapshot())
     with LiveTemporaries() as weights:

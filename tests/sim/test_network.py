@@ -97,3 +97,13 @@ def test_casts_are_not_counted_as_link_time():
     assert cast.iteration_s == pytest.approx(plain.iteration_s + 1.0)
     busy = plain.link_utilisation * plain.iteration_s
     assert cast.link_utilisation * cast.iteration_s == pytest.approx(busy)
+
+
+def test_fully_sharded_has_the_links_of_sharded_and_the_engine_says_it_does_not_model_it():
+    from gradsched.models.table import Layer, ModelTable, ParamSpec
+    from gradsched.sim import simulate
+
+    full, sharded = Cluster(workers=4, arch="fully_sharded"), Cluster(workers=4, arch="sharded")
+    assert full.phase_seconds_per_byte == sharded.phase_seconds_per_byte == sharded.seconds_per_byte / 2
+    with pytest.raises(ValueError, match="gradsched.sim.fsdp.fully_sharded_iteration_s"):
+        simulate(ModelTable("one", (Layer("l", 0.1, 0.2, (ParamSpec("w", 1000),)),)), full, "fifo")

@@ -13,8 +13,13 @@ as views of its buckets.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import sys
+import tempfile
+import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -77,15 +82,27 @@ def main() -> None:
             model = gradsched.DistributedDataParallel(net, **OPTIONS)
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             stats, no_sync, joinable, clip = (lambda: model.stats), model.no_sync, model, model.clip_grad_norm_
+        co = opt._coordinator if api == "wrap" else model._binder.coordinator
+        plane = co.backend  # gradsched's own, until the hand-off retires it whole
+        retired = [weakref.ref(plane), weakref.ref(plane.exchange), weakref.ref(plane.planner)]
+        launcher = plane.exchange.launcher._thread
+        del plane
         run(model, opt, data, no_sync, clip)
         with joinable.join():
             run(model, opt, uneven(rank), no_sync, clip)
+        gc.disable()  # freed at once (no cycle of the plane's left for the collector)
+        alive = [r() is not None for r in retired]
+        gc.enable()
+        with tempfile.TemporaryDirectory() as where:  # what the plane measured, read from the run's record
+            profiled = os.path.exists((opt if api == "wrap" else model).export_profile(os.path.join(where, "p.json")))
         s = stats()
         grads = [p.grad for p in net.parameters() if p.grad is not None]
         report[api] = {**against(net, reference, initial),
                        "grad_storages": len({g.untyped_storage().data_ptr() for g in grads}), "grads": len(grads), "handed_off_round": s.handed_off_round,
                        "settled_round": s.settled_round, "rounds": s.rounds, "plan_policy": s.plan_policy,
-                       "trial": s.as_dict()["trial"], "class": type(net).__name__}
+                       "trial": s.as_dict()["trial"], "class": type(net).__name__,
+                       "retired_alive": alive, "launcher_alive": launcher.is_alive(), "profiled": profiled,
+                       "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("gradsched"))}
         (opt if api == "wrap" else model).close()
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, report)

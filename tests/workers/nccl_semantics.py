@@ -158,7 +158,7 @@ class Run:
             torch.nn.utils.clip_grad_value_(self.model.parameters(), 0.01)
         self.optimizer.step()
         if self.kind != "ddp":  # updates left to each module's forward (the Dependency Proxy), not applied here
-            updates = self.coordinator().backend.updates
+            updates = self.coordinator().run.updates
             self.deferred.append(sum(updates.pending(i) for i in range(len(updates.params))))
         self.optimizer.zero_grad()
 
@@ -191,9 +191,9 @@ class Run:
         """From the emulated device's log: the buffer broadcasts, and how many of them ran while a
         message of gradients was running (none can where both share a communicator)."""
         co = self.coordinator()
-        log = list(getattr(co.backend.exchange.device, "log", ()))
-        data = [(a, b) for name, a, b in log if name == f"nccl-{co.topology.data.group_name}"]
-        sent = [a for name, a, _ in log if name == f"nccl-{co.topology.broadcasts.group_name}"]
+        log = list(getattr(co.run.device, "log", ()))
+        data = [(a, b) for name, a, b in log if name == f"nccl-{co.run.topology.data.group_name}"]
+        sent = [a for name, a, _ in log if name == f"nccl-{co.run.topology.broadcasts.group_name}"]
         return {"broadcasts": len(sent), "broadcasts_overlapping": sum(any(a <= t < b for a, b in data) for t in sent),
                 "broadcasts_ahead": getattr(getattr(co.backend, "buffer_sync", None), "taken_ahead", None)}  # None after the hand-off
 
@@ -201,8 +201,9 @@ class Run:
         if self.kind == "ddp" or not self.case.endswith("bf16"):
             return []
         co = self.coordinator()
-        transport = co.backend.exchange.launcher.transport
-        if transport is None:  # handed off: the plane's transport closed
+        exchange = getattr(co.backend, "exchange", None)  # None: handed off, the plane gone
+        transport = exchange.launcher.transport if exchange is not None else None
+        if transport is None:  # the plane's transport closed
             return []
         wire = transport.wire
         with wire._lock:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from ..core.architectures import kind
 from ..cli_args import UsageError, bandwidths, parse_sets, split_list
 from ..extras import require
 from ..files import problem_writing
@@ -15,7 +16,7 @@ from ..progress import Progress
 from ..units import parse_duration
 from .dilation import AUTO_CPU_SHARE
 from .netns import JUMBO_MTU, available
-from .config import BASELINES, BenchConfig
+from .config import BASELINES, BENCH_ARCHITECTURES, BenchConfig
 from .report import settings_json, settings_text
 from .runner import run_bench
 from .workloads import REAL, REPLAY
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
                                                  "started with its own torchrun --nnodes N --node-rank i")
     bench.add_argument("--procs-per-node", type=int, default=1,
                        help="ranks per emulated host, sharing its namespace and its link (default 1)")
-    bench.add_argument("--arch", default="allreduce", choices=("allreduce", "ps"),
+    bench.add_argument("--arch", default="allreduce", choices=BENCH_ARCHITECTURES,
                        help="all-reduce (default) or parameter servers (ps: compared with the fifo policy)")
     bench.add_argument("--servers", type=int, default=0, help="parameter servers, each a rank of its own (--arch ps)")
     bench.add_argument("--bandwidth", help="link bandwidth per rank and direction, e.g. 5Gbit (default 5Gbit)")
@@ -98,7 +99,7 @@ def _add_variants(bench) -> None:
 
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
-    if args.arch == "ps" and args.policy == DEFAULT_POLICIES:
+    if kind(args.arch).servers and args.policy == DEFAULT_POLICIES:
         args.policy = DEFAULT_POLICIES.replace("ddp,", "")
     rates = bandwidths(args.bandwidth, args.sweep_bandwidth, "5Gbit")
     policies = tuple(split_list(args.policy, "--policy"))

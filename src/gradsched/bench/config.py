@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core import POLICIES, policy_config
+from ..core.architectures import KINDS, kind
 from .dilation import check_dilation
 from .netns import JUMBO_MTU
 from .protocol import Run
@@ -16,6 +17,10 @@ from .workloads import workload
 # reshard_after_forward=False (ZeRO-2-like)
 FSDP2 = {"fsdp2": True, "fsdp2-noreshard": False}  # -> reshard_after_forward
 BASELINES = ("ddp", "ddp-tuned", "ddp-bf16", "ddp-fp16", "ddp-zero", *FSDP2)
+
+
+#: what --arch names (the sharded ones run as extra rows beside all-reduce: --sharded, --fully-sharded)
+BENCH_ARCHITECTURES = tuple(k.name for k in KINDS if not k.phases)
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,13 @@ class BenchConfig:
     dilation: float | str = 1.0  # time dilation K (gradsched.bench.dilation), or "auto"
     mtu: int = JUMBO_MTU  # frame size on the emulated links (gradsched.bench.netns)
 
-    def __post_init__(self) -> None:  # the one place that reads arch by name
+    def __post_init__(self) -> None:
         if self.workers < 2:
             raise ValueError(f"workers must be >= 2 (communication needs two), got {self.workers}")
-        if self.arch not in ("allreduce", "ps"):
-            raise ValueError(f"arch must be allreduce or ps, got {self.arch!r}")
-        if self.arch == "ps":
+        if self.arch not in BENCH_ARCHITECTURES:
+            raise ValueError(f"arch must be {' or '.join(BENCH_ARCHITECTURES)}, got {self.arch!r} (the sharded "
+                             "architectures run beside all-reduce: --sharded, --fully-sharded)")
+        if kind(self.arch).servers:
             if self.servers < 1:
                 raise ValueError(f"--arch ps needs --servers >= 1, got {self.servers}")
             baselines = [p for p in self.policies if p in BASELINES]
@@ -63,7 +69,7 @@ class BenchConfig:
                                  "policy over the servers: drop them from --policy")
         elif self.servers:
             raise ValueError("--servers only applies to --arch ps")
-        if (self.sharded or self.fully_sharded) and self.arch != "allreduce":
+        if (self.sharded or self.fully_sharded) and kind(self.arch).servers:
             raise ValueError("--sharded and --fully-sharded run beside all-reduce: drop --arch ps")
         if isinstance(self.procs_per_node, bool) or not isinstance(self.procs_per_node, int) \
                 or self.procs_per_node < 1:

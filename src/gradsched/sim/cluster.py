@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.architectures import NAMES, Kind, kind
 from ..units import format_bandwidth, format_duration
 
-ARCHITECTURES = ("allreduce", "ps", "sharded")
+ARCHITECTURES = NAMES  # the one list (gradsched.core.architectures)
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,13 @@ class Cluster:
             raise ValueError(f"unknown architecture {self.arch!r}; choose from: {', '.join(ARCHITECTURES)}")
         if isinstance(self.servers, bool) or not isinstance(self.servers, int) or self.servers < 0:
             raise ValueError(f"servers must be a whole number >= 0 (0 = one per worker), got {self.servers!r}")
-        if self.arch != "ps" and self.servers:
+        if self.servers and not self.kind.servers:
             raise ValueError("servers only apply to --arch ps")
+
+    @property
+    def kind(self) -> Kind:
+        """What the architecture is (gradsched.core.architectures)."""
+        return kind(self.arch)
 
     @property
     def num_servers(self) -> int:
@@ -63,22 +69,22 @@ class Cluster:
         """
         per_byte = 8.0 / self.bandwidth_bps
         n = self.workers
-        if self.arch in ("allreduce", "sharded"):  # sharded: both phases
-            return per_byte * 2.0 * (n - 1) / n
-        return per_byte * max(1.0, n / self.num_servers)
+        if self.kind.servers:
+            return per_byte * max(1.0, n / self.num_servers)
+        return per_byte * 2.0 * (n - 1) / n  # sharded: both phases
 
     @property
     def phase_seconds_per_byte(self) -> float:
         """What one message's wire time is per payload byte: an all-reduce's, a push's; under
         ``sharded`` one phase's (a reduce-scatter's, or an all-gather's), half the all-reduce's."""
-        return self.seconds_per_byte / 2 if self.arch == "sharded" else self.seconds_per_byte
+        return self.seconds_per_byte / 2 if self.kind.phases else self.seconds_per_byte
 
     def comm_time(self, nbytes: float) -> float:
         """Time to move ``nbytes`` of gradients once at link speed (no latency)."""
         return nbytes * self.seconds_per_byte
 
     def describe(self) -> str:
-        arch = self.arch if self.arch != "ps" else f"ps ({self.num_servers} servers)"
+        arch = f"{self.arch} ({self.num_servers} servers)" if self.kind.servers else self.arch
         overhead = f" · overhead {format_duration(self.overhead_s)}/message" if self.overhead_s else ""
         cast = f" · cast {self.cast_s_per_byte * 1e9:.3g} ns/byte" if self.cast_s_per_byte else ""
         return (

@@ -80,7 +80,7 @@ def rows_json(model: ModelTable, rows: Sequence[Row], iterations: int) -> dict[s
         "model": model.name,
         "workers": cluster.workers,
         "arch": cluster.arch,
-        "servers": cluster.num_servers if cluster.arch == "ps" else None,
+        "servers": cluster.num_servers if cluster.kind.servers else None,
         "latency_s": cluster.latency_s,
         "table": {
             "num_params": model.num_params,

@@ -44,7 +44,7 @@ from .network import Network
 def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward: bool = True,
                      iterations: int = 6) -> float:
     """Steady-state seconds per iteration (between the last two forward starts)."""
-    if cluster.arch != "sharded":
+    if not cluster.kind.phases:
         raise ValueError(f"FSDP shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
     link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
     layers = model.layers
@@ -83,8 +83,9 @@ def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes:
     default, the largest layer's). Gathers are issued where the runtime's gathering
     thread is woken (a pass begins, a layer starts, a layer is freed) as far as the queue
     allows."""
-    if cluster.arch != "sharded":
-        raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
+    if not cluster.kind.phases:
+        raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded') or "
+                         f"Cluster(arch='fully_sharded'), got {cluster.arch!r}")
     link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
     layers = list(model.layers)
     sizes = [sum(p.nbytes for p in layer.params) for layer in layers]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.architectures import kind
 from ..core.plan import PS_PIECE_BYTES
 from .cluster import Cluster
 
@@ -114,7 +115,7 @@ def network_for(arch: str, latency_s: float, seconds_per_byte: float, overhead_s
                 cast_s_per_byte: float = 0.0, servers: int = 1) -> Network:
     """One worker's links for ``arch``: a FIFO link, or pushes and pulls to ``servers``
     servers answering in pieces."""
-    if arch == "ps":
+    if kind(arch).servers:
         return PushPull(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte, lead_bytes=servers * PS_PIECE_BYTES)
     return Network(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte)
 

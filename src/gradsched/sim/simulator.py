@@ -114,6 +114,9 @@ def simulate(
     record: bool = True,
 ) -> SimResult:
     """Simulate ``iterations`` training iterations; see the module docstring."""
+    if not cluster.kind.simulated:
+        raise ValueError(f"the engine does not model architecture {cluster.arch!r} (parameters gathered in the forward "
+                         "pass): gradsched.sim.fsdp.fully_sharded_iteration_s does")
     config = policy_config(policy) if isinstance(policy, str) else policy
     return _Run(model, cluster, config, iterations, record).run()
 
@@ -156,7 +159,7 @@ class _Run:
         self.log: list[tuple] = []
         self.messages: list[MessageRecord] = []
         self.compute: list[ComputeRecord] = []
-        self.sharded = cluster.arch == "sharded"
+        self.sharded = cluster.kind.phases
         self.reduced: list[tuple[tuple[str, ...], int]] = []  # sharded: this round's messages, done
         self.gathered = [0.0] * len(self.layers)  # sharded: when each layer's parameters are back
         self.gathered_for = 0  # sharded: the iteration whose all-gathers are on the link

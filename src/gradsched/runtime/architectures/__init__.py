@@ -1,5 +1,5 @@
 """Architectures: the ways gradients are averaged over the ranks, each one object behind one
-interface (:mod:`~gradsched.runtime.architectures.base`), chosen once per wrap by
+interface (:mod:`~gradsched.runtime.training.architecture`), chosen once per wrap by
 :func:`~gradsched.runtime.architectures.choice.choose`:
 
 * :mod:`~gradsched.runtime.architectures.allreduce`: all-reduce among the workers (the default);

@@ -9,12 +9,12 @@ buckets they go to DDP's own reducer from the next step on (:mod:`gradsched.runt
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from gradsched.core.task import TensorSpec
-from gradsched.runtime.architectures.base import Architecture, CommHook
+from gradsched.runtime.training.architecture import Architecture, CommHook
 from gradsched.runtime.architectures.reducer import DDPReducer
 from gradsched.runtime.architectures.replicated import ReplicatedStepping
 from gradsched.runtime.comm.comm_hook import HookTransport, wire_dtype_of
@@ -24,12 +24,18 @@ from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.comm.transport import AllReduce as AllReduceTransport, Issued, Transport
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.device import Device
-from gradsched.runtime.training.plane import Plane
+from gradsched.runtime.planning.link_model import LinkModel
+from gradsched.runtime.architectures.on_plane import OnDataPlane
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.updates import DeferredUpdates
 
 
-class AllReduce(Architecture):
+class AllReduce(OnDataPlane):
     name = "allreduce"
-    predicts_trial = True
+
+    def link_model(self) -> LinkModel:
+        return LinkModel(probed=True)  # the simulator predicts the measured trial on the probed link
 
     def specs(self, names: Sequence[str], params: Sequence[torch.Tensor], topology: Topology,
               config: RuntimeConfig, comm_hook: CommHook | None) -> list[TensorSpec]:
@@ -47,12 +53,10 @@ class AllReduce(Architecture):
                           topology.data)
         return compressed(Issued(AllReduceTransport(topology.data), device, topology.data), config)
 
-    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+    def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> ReplicatedStepping:
         return ReplicatedStepping(handover, updates)
 
-    def open(self, co: Any) -> Plane:
-        return Plane(co, self)
 
     def handed_off(self, config: RuntimeConfig, workers: int) -> Architecture | None:
         return DDPReducer() if config.handoff and workers > 1 else None

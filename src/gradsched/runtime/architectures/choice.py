@@ -12,26 +12,26 @@ ValueError: architecture must be 'allreduce', 'ps', 'sharded' or 'fully_sharded'
 
 from __future__ import annotations
 
+from gradsched.core.architectures import NAMES, kind
 from gradsched.runtime.architectures.allreduce import AllReduce
-from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.training.architecture import Architecture
 from gradsched.runtime.architectures.servers import ParameterServers
 from gradsched.runtime.architectures.sharded import FullySharded, Sharded
 from gradsched.runtime.config import RuntimeConfig
 
-#: what a user may name, and what each builds (DDP's reducer is handed off to, never named)
-NAMES = ("allreduce", "ps", "sharded", "fully_sharded")
+__all__ = ["BUILT", "NAMES", "choose"]  # NAMES: the one list (gradsched.core.architectures)
+
+#: what each name a user may give builds (DDP's reducer is handed off to, never named)
+BUILT = {"allreduce": AllReduce, "ps": ParameterServers, "sharded": Sharded, "fully_sharded": FullySharded}
 
 
 def choose(config: RuntimeConfig) -> Architecture:
     """The architecture ``config`` names, its options checked (a ``ValueError`` says what to fix)."""
-    name, servers = config.architecture, config.servers
-    if name not in NAMES:
-        raise ValueError(f"architecture must be {', '.join(map(repr, NAMES[:-1]))} or {NAMES[-1]!r}, got {name!r}")
-    if name == "ps":
+    chosen, servers = kind(config.architecture), config.servers  # (raises for a name not in the list)
+    if chosen.servers:
         if servers < 1:
-            raise ValueError(f"architecture='ps' needs servers >= 1, got {servers}")
-        return ParameterServers(servers)
+            raise ValueError(f"architecture={chosen.name!r} needs servers >= 1, got {servers}")
+        return BUILT[chosen.name](servers)
     if servers:
         raise ValueError("servers only apply to architecture='ps'")
-    built = {"sharded": Sharded, "fully_sharded": FullySharded, "allreduce": AllReduce}
-    return built[name]()
+    return BUILT[chosen.name]()

@@ -33,7 +33,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.training.architecture import Architecture
+from gradsched.runtime.training.join import Iteration
+from gradsched.runtime.training.run import Run
 from gradsched.runtime.comm.broadcast import broadcast_flat, buffers_of
 from gradsched.runtime.comm.compression import ddp_hook, wire_dtype
 from gradsched.runtime.config import RuntimeConfig
@@ -126,32 +128,23 @@ class DDPReducer(Architecture):
 
     name = "ddp-reducer"
 
-    def open(self, co: Any) -> ReducerBackend:
-        """DDP's reducer in place of the plane of ``co`` (a coordinator whose plane is idle):
-        the plane retired (its hooks off the training thread's path, its buffers let go, its
-        threads stopped), the run's rounds counted on."""
-        plane = co.backend
-        plane.retire()
-        reducer = TorchReducer(co.model, co.topology.data, co.config, co.life, syncing=co.sync.enabled,
-                               comm_hook=co.comm_hook)
-        return ReducerBackend(reducer, plane, co.life)
+    def open(self, run: Run) -> ReducerBackend:
+        """DDP's reducer over ``run``'s model (the plane before it retired: every reduction
+        complete, its buffers let go), the run's rounds counted on."""
+        reducer = TorchReducer(run.model, run.topology.data, run.config, run.life, syncing=run.sync.enabled,
+                               comm_hook=run.comm_hook)
+        return ReducerBackend(reducer, run)
 
 
 class ReducerBackend:
     """The coordinator's backend from the hand-off on: DDP's reducer reduces inside backward,
-    ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's. What the
-    retired plane planned and measured stays readable (``stats()``); its optimizer's updates
-    are this backend's."""
+    ``step()`` updates every parameter at once, ``no_sync()`` and ``join()`` are DDP's. It holds
+    the reducer and borrows the run's record (its optimizer's applier, AMP's scaling kept; what
+    the retired plane measured, for ``stats()``)."""
 
-    def __init__(self, reducer: TorchReducer, retired: Any, life: RoundLife) -> None:
+    def __init__(self, reducer: TorchReducer, run: Run) -> None:
         self.reducer = reducer
-        self.updates = retired.updates  # the user's optimizer, AMP's scaling kept
-        self.planner, self.exchange = retired.planner, retired.exchange  # as they ended (read only)
-        self.tensors, self.waits = retired.tensors, retired.waits
-        self.params = retired.params
-        self.buffers_group = retired.topology.data
-        self.explain = retired.explain
-        self.life = life  # the run's rounds, counted on from the plane's
+        self.run = run
 
     @property
     def uneven(self) -> DistributedDataParallel:
@@ -166,9 +159,13 @@ class ReducerBackend:
         return self.reducer.before(module, args, kwargs)
 
     def step(self) -> None:  # DDP's reducer finished every reduction inside backward
-        self.life.close()
-        self.life.stepped()
-        self.updates.apply_now(range(len(self.params)), self.updates.snapshot())
+        run = self.run
+        run.life.close()
+        run.life.stepped()
+        run.updates.apply_now(range(len(run.params)), run.updates.snapshot())
+
+    def control_point(self, round_index: int) -> None:
+        """Nothing: the plans ended with the plane."""
 
     def synchronize(self) -> None:
         """Nothing: every reduction ended inside ``backward()``."""
@@ -181,31 +178,34 @@ class ReducerBackend:
             self.reducer.ddp.require_forward_param_sync = bool(enabled)
         return self.reducer.ddp.require_forward_param_sync
 
-    def shadow(self, iteration: Any) -> None:
+    def shadow(self, iteration: Iteration) -> None:
         raise AssertionError("after the hand-off join() is DDP's own")  # never called: the coordinator's join is off
 
     def broadcast_buffers(self, source: int) -> None:
         """Copy rank ``source``'s buffers to every worker, now (DDP's reducer syncs them before each
         forward pass that trains; this is an explicit copy)."""
-        broadcast_flat(buffers_of(self.reducer.ddp.module), source, self.buffers_group, "broadcasting buffers",
-                       self.explain)
+        broadcast_flat(buffers_of(self.reducer.ddp.module), source, self.run.topology.data, "broadcasting buffers",
+                       self.run.explain)
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
         """torch's own: the gradients are reduced inside ``backward()``."""
-        return torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None], max_norm, norm_type,
-                                              error_if_nonfinite, foreach)
+        return torch.nn.utils.clip_grad_norm_([p for p in self.run.params if p.grad is not None], max_norm,
+                                              norm_type, error_if_nonfinite, foreach)
 
     def clip_value(self, value: float) -> None:
         if not value >= 0:
             raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
-        torch.nn.utils.clip_grad_value_([p for p in self.params if p.grad is not None], value)
+        torch.nn.utils.clip_grad_value_([p for p in self.run.params if p.grad is not None], value)
 
     def full_state_dict(self) -> dict:
-        return self.updates.optimizer.state_dict()
+        return self.run.updates.optimizer.state_dict()
 
     def idle(self) -> bool:
         return True
+
+    def retire(self) -> None:
+        raise AssertionError("DDP's reducer hands off to nothing")  # never called: handed_off() is None
 
     def close(self, wait: bool) -> None:
         self.reducer.close()

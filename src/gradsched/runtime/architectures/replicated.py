@@ -19,7 +19,9 @@ from typing import Any, Sequence
 
 import torch
 
+from gradsched.core.plan import Plan
 from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 
 
@@ -29,7 +31,7 @@ class ReplicatedStepping:
         self.updates = updates
         self.everything = range(len(updates.params))
 
-    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
         """.grad is the reduced gradient itself: autograd accumulates into it as under DDP, once
         what the user called on it before is applied (a graph made before ``step()`` and
         backpropagated after it, with no forward pass between to apply the step)."""
@@ -50,7 +52,7 @@ class ReplicatedStepping:
     def close(self, wait: bool) -> None:
         """Nothing: the parameters are the model's own throughout."""
 
-    def step(self, snapshot: Snapshot, plan: Any) -> None:
+    def step(self, snapshot: Snapshot, plan: Plan) -> None:
         if not plan.cross_barrier:  # like DDP: wait, then update all
             self.updates.wait_and_apply(self.everything, "all parameters")
             self.updates.apply_now(self.everything, snapshot)

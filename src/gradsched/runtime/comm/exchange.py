@@ -63,12 +63,13 @@ class Exchange:
         chunk_bytes: int | None = None,
         hold_bytes: int | None = None,
         homes_plan: Plan | None = None,
+        estimator: LinkEstimator | None = None,
     ) -> None:
         self.board = board = Board(tensors, like, device)
         self.tensors = board.tensors
         self.versions = versions  # read and changed under the board's lock
         self.timeout_s = timeout_s
-        self.estimator = LinkEstimator()  # fitted from every completed message
+        self.estimator = estimator if estimator is not None else LinkEstimator()  # fitted from every completed message (kept by the run)
         self.explain: Callable[[], str] | None = None  # what the other ranks' progress says, for errors
         self.waited_s = 0.0  # seconds the waiters of wait_reduced blocked, in all (gradsched.runtime.diagnostics.exposure)
         #: the most bytes this rank holds for gradients not yet reduced before a backward pass waits for

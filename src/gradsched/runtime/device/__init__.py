@@ -21,7 +21,7 @@ from gradsched.runtime.device.cuda import CudaDevice
 from gradsched.runtime.device.emulated import EmulatedNccl
 from gradsched.runtime.device.host import HostDevice
 
-__all__ = ["Device", "Produced", "device_for", "future_of", "latest_per_stream"]
+__all__ = ["Device", "HostDevice", "Produced", "device_for", "future_of", "latest_per_stream"]
 
 
 def device_for(tensors: Sequence[torch.Tensor], environment: Environment, timeout_s: float) -> Device:

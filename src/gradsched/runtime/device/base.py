@@ -16,7 +16,10 @@ from a device is:
   collective is *queued* (its values are then in place only behind the future's events,
   which :meth:`torch.futures.Future.wait` makes the caller's stream wait for);
 * work that must run at its place in a group's order, with the host waiting for it
-  (:meth:`Device.run`: the link probe, gathering a checkpoint).
+  (:meth:`Device.run`: the link probe, gathering a checkpoint);
+* the training thread's timestamps in device time where the host runs ahead of the device
+  (:meth:`Device.timed_event`, :meth:`Device.seconds_between`, :meth:`Device.fence`: the
+  clock of :mod:`gradsched.runtime.planning.clock`).
 
 Every read or write of a buffer a collective uses must be ordered after that collective:
 through the collective's future (``wait()``, or a ``then`` callback) or an event recorded
@@ -91,5 +94,31 @@ class Device(Protocol):
         """Run ``action`` (which issues on ``group`` and waits on the host) at its place in
         ``group``'s order, after what was issued on it before; its result."""
 
+    def timed_event(self) -> Any:
+        """An event on the calling thread's current stream that times intervals (None where the
+        host's clock is the device's: the host, the emulation); it also marks where work was
+        produced (:meth:`produced`)."""
+
+    def seconds_between(self, first: Any, second: Any) -> float:
+        """Seconds from timed event ``first`` to ``second`` (waits for ``second``)."""
+
+    def fence(self) -> None:
+        """Wait until the device has run everything queued (nothing where the host is the device)."""
+
     def close(self) -> None:
-        """Nothing more will be issued: let go of threads of the device's own."""
+        """Nothing more will be issued by the data plane: let go of the threads of its groups
+        (the device stays usable for its clock)."""
+
+
+class HostTimed:
+    """The clock part of a device whose host clock is the device's (the host, the emulation):
+    no timed events, nothing to wait for."""
+
+    def timed_event(self) -> None:
+        return None
+
+    def seconds_between(self, first: Any, second: Any) -> float:
+        raise TypeError(f"{type(self).__name__} times with the host's clock: it records no timed events")
+
+    def fence(self) -> None:
+        """Nothing queued anywhere but on the host."""

@@ -161,6 +161,18 @@ class CudaDevice:
     def run(self, group: Any, action: Callable[[], T]) -> T:
         return action()  # queued in issue order on the group's stream, as everything else on it
 
+    def timed_event(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds_between(self, first: Any, second: Any) -> float:
+        second.synchronize()
+        return first.elapsed_time(second) / 1e3
+
+    def fence(self) -> None:
+        torch.cuda.synchronize(self.device)
+
     def close(self) -> None:
         pass
 

@@ -88,7 +88,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
-from gradsched.runtime.device.base import Produced, future_of
+from gradsched.runtime.device.base import HostTimed, Produced, future_of
 from gradsched.runtime.device.emulated_streams import (DONE, EmulatedEvent, EmulatedStream, current_stream,
                                                        set_current, shared_stream)
 
@@ -207,7 +207,7 @@ def _released_arguments(callback: Callable) -> Callable:
     return lambda parent: func(*_strongly(args), *(parent,), **{k: _strongly(v) for k, v in keywords.items()})
 
 
-class EmulatedNccl:
+class EmulatedNccl(HostTimed):
     """The emulated device (see the module's docstring)."""
 
     ordered = True

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from gradsched.runtime.device.base import Produced, future_of
+from gradsched.runtime.device.base import HostTimed, Produced, future_of
 
 T = TypeVar("T")
 
 
-class HostDevice:
+class HostDevice(HostTimed):
     name = "cpu"
     ordered = False
 

@@ -29,7 +29,7 @@ import time
 import weakref
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -50,14 +50,31 @@ class Status:
     since_s: float  # since its latest forward pass began (or it closed)
 
 
-class PeerStatus:
-    """One coordinator's reports and watcher (see the module's docstring)."""
+class Progress(Protocol):
+    """How far this rank got, as the run's rounds say (:class:`gradsched.runtime.training.lifecycle.RoundLife`)."""
 
-    def __init__(self, rank: int, ranks: Sequence[int], status: Callable[[], Status],
+    index: int  # the latest round opened
+    in_forward: bool  # a forward pass ran and its backward pass handed nothing over yet
+    active_at: float  # when the latest forward pass began (or the rank closed), on time.monotonic
+    joined: bool
+    closed: bool
+
+
+def status_of(progress: Progress) -> Status:
+    """This rank's report, from its rounds."""
+    state = "closed" if progress.closed else "joined" if progress.joined else "training"
+    began = progress.in_forward and state == "training"  # a forward pass
+    return Status(progress.index + int(began), state, time.monotonic() - progress.active_at)
+
+
+class PeerStatus:
+    """One wrap's reports and watcher (see the module's docstring), reading ``progress``."""
+
+    def __init__(self, rank: int, ranks: Sequence[int], progress: Progress,
                  group: dist.ProcessGroup | None) -> None:
         self.rank = rank
         self.peers = [r for r in ranks if r != rank]
-        self._status = weakref.WeakMethod(status)  # the coordinator's, which holds this: no cycle
+        self.progress = progress
         self.store = _job_store() if self.peers else None
         # from the OS, not torch's generator: the user's random stream stays as DDP leaves it
         token = torch.tensor([int.from_bytes(os.urandom(7), "big")], dtype=torch.int64)
@@ -73,13 +90,12 @@ class PeerStatus:
             _RUNNING.add(self)
 
     def status(self) -> Status:
-        status = self._status()
-        return status() if status is not None else Status(0, "closed", 0.0)
+        return status_of(self.progress)
 
     # -- every rank ------------------------------------------------------------------------
     def _watch(self) -> None:
         alarm = self.prefix + "alarm"
-        while not self._stop.wait(POLL_S) and self._status() is not None:  # until closed, or the coordinator is gone
+        while not self._stop.wait(POLL_S):  # until closed
             try:
                 if self.store.check([alarm]):
                     self._report(self.status())
@@ -90,12 +106,12 @@ class PeerStatus:
     def _report(self, status: Status) -> None:
         self.store.set(f"{self.prefix}rank{self.rank}", json.dumps(asdict(status)))
 
-    def close(self, status: Status) -> None:
+    def close(self) -> None:
         """This rank is done: leave the final report (for peers that fail later) and stop watching."""
         self._stop.set()
         if self.store is not None:
             try:
-                self._report(status)
+                self._report(self.status())
             except Exception:  # noqa: BLE001 - best effort: the store may be gone
                 pass
         self.stop()

@@ -36,10 +36,24 @@ class RunTrace:
         self._launched: dict[tuple[int, int], tuple[float, int, tuple[str, ...]]] = {}
         self._messages: list[tuple[int, int, tuple[str, ...], int, float, float]] = []
         self._last_ready = 0.0
+        self._forward: tuple[str, float] | None = None  # (module, start) of the forward span still open
 
     def span(self, track: str, name: str, start: float, end: float) -> None:
         with self._lock:
             self._spans.append((track, name, start, end))
+
+    def module_forward(self, name: str, start: float, previous_ended: float) -> None:
+        """Module ``name``'s forward pass starts at ``start``; the previous module's ended at
+        ``previous_ended`` (on the training thread)."""
+        self.forward_ended(previous_ended)
+        self._forward = (name, start)
+
+    def forward_ended(self, now: float) -> None:
+        """Close the forward span of the module that ran last, if one is open."""
+        if self._forward is not None:
+            name, start = self._forward
+            self.span("forward", name, start, now)
+            self._forward = None
 
     def ready(self, round_index: int, name: str, at: float, backward_from: float) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.frontend.checks import check_optimizer, stray_parameters, warn_stray
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
+from gradsched.runtime.training.coordinator import Coordinator
 
 _BINDERS: weakref.WeakSet = weakref.WeakSet()  # wrapped models whose optimizer may step
 _HOOK = None  # the one global optimizer step pre-hook, registered on first use
@@ -27,7 +28,7 @@ class Binder:
     """Finds the optimizer of a model wrapped before it, and routes that optimizer's
     ``step()``, ``zero_grad()`` and checkpoints through the coordinator."""
 
-    def __init__(self, coordinator: Any) -> None:
+    def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduled: ScheduledOptimizer | None = None
@@ -38,11 +39,11 @@ class Binder:
         """The step pre-hook: schedule this step, and let the optimizer's own ``step()`` run on
         none of the parameters gradsched schedules (it still runs any closure, returning its loss)."""
         co = self.coordinator
-        if co.closed or co.updates.applying:
+        if co.closed or co.run.updates.applying:
             return None
         if optimizer is self.optimizer:
             pass
-        elif optimizer is self.scheduled or not any(id(p) in co.index for g in optimizer.param_groups
+        elif optimizer is self.scheduled or not any(id(p) in co.run.index for g in optimizer.param_groups
                                                     for p in g["params"]):
             return None
         elif self.optimizer is None:
@@ -57,7 +58,7 @@ class Binder:
             co.synchronize()
         if closure is not None:
             kwargs["closure"] = lambda: loss
-        return (_stepping_unscheduled(optimizer, co.index),), kwargs
+        return (_stepping_unscheduled(optimizer, co.run.index),), kwargs
 
     def _bind(self, optimizer: torch.optim.Optimizer) -> None:
         check_optimizer(optimizer)
@@ -66,8 +67,9 @@ class Binder:
                 raise GradschedError("gradsched: one optimizer steps the parameters of two wrapped models; "
                                      "wrap one model holding both")
         co = self.coordinator
-        stray = stray_parameters(co.model, optimizer, co.names, co.params)
-        if co.rank == 0:
+        run = co.run
+        stray = stray_parameters(run.model, optimizer, run.names, run.params)
+        if run.rank == 0:
             warn_stray(stray)
         co.bind(optimizer)
         self.optimizer = optimizer

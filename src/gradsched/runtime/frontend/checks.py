@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradsched.files import problem_writing
-from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.training.architecture import Architecture
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import GradschedError, entry
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer

@@ -138,7 +138,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         if coordinator is None:  # pragma: no cover - parameter servers were refused above
             raise GradschedError(f"{_WHERE}: a parameter server returned")
         self._binder = Binder(coordinator)
-        if sync_buffers and coordinator.world_size > 1:
+        if sync_buffers and coordinator.run.world_size > 1:
             coordinator.broadcast_buffers()  # DDP copies rank 0's buffers at construction too
         bind_when_it_steps(self._binder)
 
@@ -157,7 +157,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
         """DDP's switch for gradient accumulation: ``False`` before a forward pass makes the
         backward pass after it accumulate locally, exactly as inside ``no_sync()`` (scripts
         set it per micro-step: ``model.require_backward_grad_sync = last_micro_step``)."""
-        return self._binder.coordinator.sync.backward
+        return self._binder.coordinator.run.sync.backward
 
     @require_backward_grad_sync.setter
     def require_backward_grad_sync(self, enabled: bool) -> None:
@@ -173,7 +173,7 @@ class DistributedDataParallel(TorchDDP, JoinsUnevenInputs):
     def require_forward_param_sync(self, enabled: bool) -> None:
         co = self._binder.coordinator
         co.forward_param_sync(enabled)
-        co.sync.param = bool(enabled)
+        co.run.sync.param = bool(enabled)
 
     def will_sync_module_buffers(self) -> bool:
         """Whether the next forward pass copies rank 0's buffers (DDP's method)."""

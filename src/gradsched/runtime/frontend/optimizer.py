@@ -170,7 +170,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
         self._inner.load_state_dict(state_dict)
 
     def __repr__(self) -> str:
-        return f"ScheduledOptimizer({self._coordinator.policy_name}, {self._inner!r})"
+        return f"ScheduledOptimizer({self._coordinator.run.policy.name}, {self._inner!r})"
 
     @property
     def stats(self) -> RunStats:

@@ -28,6 +28,7 @@ from gradsched.runtime.comm.compression import check_backend, check_compressible
 from gradsched.runtime.architectures.choice import choose
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.training.coordinator import Coordinator
+from gradsched.runtime.training.run import Run
 from gradsched.runtime.errors import GradschedError, entry, failing_rank
 from gradsched.runtime.frontend.optimizer import ScheduledOptimizer
 from gradsched.runtime.diagnostics.peer_status import stop_all
@@ -135,8 +136,8 @@ def start(model: nn.Module, optimizer: torch.optim.Optimizer | None, policy: str
         warn_stray(stray)
     if comm_hook is not None:
         comm_hook = (hook_state(comm_hook[0], topology.data, process_group), comm_hook[1])
-    coordinator = Coordinator(model, optimizer, names, params, scheduling, config, topology, architecture, sparse,
-                              comm_hook)
+    run = Run.open(model, optimizer, names, params, scheduling, config, topology, sparse, comm_hook, entry())
+    coordinator = Coordinator(run, architecture)
     _ATTACHED[model] = weakref.ref(coordinator)
     _OPEN.add(coordinator)
     return coordinator

@@ -2,7 +2,8 @@
 
 On CPU a stamp is the time it was taken. With CUDA the CPU runs ahead of the device (a
 gradient hook runs when autograd queues the kernel, not when it ran), so each stamp also
-records a CUDA event on the current stream, and :meth:`Clock.resolve` turns a round's stamps
+records a timed event of the device's (:meth:`gradsched.runtime.device.Device.timed_event`) on
+the current stream, and :meth:`Clock.resolve` turns a round's stamps
 into device times: each event's time after the event of the round's forward start, added to
 that start's CPU time. Intervals within a round, and between the starts of rounds
 (:meth:`Clock.between`), are then what the device took. Resolving waits for the events, so
@@ -15,21 +16,19 @@ import dataclasses
 import time
 from typing import Any
 
-import torch
-
+from gradsched.runtime.device import Device, HostDevice
 from gradsched.runtime.planning.profiling import RoundTiming
 
 
 class Clock:
-    def __init__(self, device: torch.device | None) -> None:
-        self.device = device  # a CUDA device, or None
+    def __init__(self, device: Device | None = None) -> None:
+        self.device = device if device is not None else HostDevice()  # the device the gradients live on
 
     def stamp(self, timing: RoundTiming, key: Any) -> float:
-        """The CPU time now; on CUDA also an event for ``key`` in ``timing``."""
+        """The CPU time now; on CUDA also the device's timed event for ``key`` in ``timing``."""
         now = time.perf_counter()
-        if self.device is not None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(self.device))
+        event = self.device.timed_event()
+        if event is not None:
             timing.events[key] = event
         return now
 
@@ -38,12 +37,10 @@ class Clock:
         anchor = timing.events.get("forward_start")
         if anchor is None:
             return timing
-        for event in timing.events.values():
-            event.synchronize()
 
         def at(key: Any, cpu: float) -> float:
             event = timing.events.get(key)
-            return cpu if event is None else timing.forward_start + anchor.elapsed_time(event) / 1e3
+            return cpu if event is None else timing.forward_start + self.device.seconds_between(anchor, event)
 
         return dataclasses.replace(
             timing, forward_end=at("forward_end", timing.forward_end),
@@ -55,11 +52,9 @@ class Clock:
         a, b = first.events.get("forward_start"), second.events.get("forward_start")
         if a is None or b is None:
             return second.forward_start - first.forward_start
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3
+        return self.device.seconds_between(a, b)
 
     def fence(self) -> None:
         """Wait until the device has run everything queued (nothing on CPU): what one measured
         arm queued must not run into the next."""
-        if self.device is not None:
-            torch.cuda.synchronize(self.device)
+        self.device.fence()

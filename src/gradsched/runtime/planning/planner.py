@@ -28,25 +28,23 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage, TrialReport, TuningReport
+from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage
 from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
 from gradsched.core.base import PolicyConfig
 from gradsched.core.estimator import MeasuredLink
 from gradsched.core.plan import Plan
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
-from gradsched.models.table import ModelTable
 from gradsched.sim import default_ready_times, paced_ready_times, make_plan
 from gradsched.runtime.config import RuntimeConfig
-from gradsched.files import problem_writing
-from gradsched.runtime.errors import GradschedError, failing_rank
-from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.errors import failing_rank
 from gradsched.runtime.comm.exchange import Exchange, message_hold
+from gradsched.runtime.planning.link_model import LinkModel
+from gradsched.runtime.planning.measurements import Measurements
 from gradsched.runtime.planning.probe import probe_link
 from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.planning.prediction import TrialPredictor
-from gradsched.runtime.planning.profiling import RoundTiming, measured_table
-from gradsched.runtime.diagnostics.stats import Prediction
+from gradsched.runtime.planning.profiling import RoundTiming
 from gradsched.runtime.comm import wire_format
 from gradsched.runtime.comm.wire_format import Proposal
 
@@ -63,11 +61,10 @@ def initial_plan(tensors: Sequence[TensorSpec], policy: PolicyConfig, arch: str,
 
 class Planner:
     def __init__(self, tensors: Sequence[TensorSpec], params: Sequence[torch.Tensor], policy: PolicyConfig,
-                 config: RuntimeConfig, architecture: Architecture, owners: dict[str, list[str]], exchange: Exchange,
+                 config: RuntimeConfig, link_model: LinkModel, owners: dict[str, list[str]], exchange: Exchange,
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
-                 settle: Callable[[], None] | None = None,
-                 on_buckets_kept: Callable[[], None] | None = None) -> None:
+                 settle: Callable[[], None] | None = None, measured: Measurements | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -75,7 +72,7 @@ class Planner:
         self.device = params[0].device
         self.policy = policy
         self.config = config
-        self.architecture = architecture
+        self.link_model = link_model  # how plans model the architecture's link
         self.owners = owners  # module -> the parameters its forward waits for
         self.exchange = exchange
         self.group = group  # gloo, every worker: plans
@@ -83,9 +80,9 @@ class Planner:
         self.rank = rank
         self.world_size = world_size
         self.settle = settle  # waits until no gradient is in flight
-        self.on_buckets_kept = on_buckets_kept  # told on every rank when the measured trial keeps the buckets
-        self.clock = clock or Clock(None)  # the training thread's (device times on CUDA)
-        self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, architecture,
+        self.kept_buckets = False  # every rank: the measured trial kept the DDP-style buckets
+        self.clock = clock or Clock()  # the training thread's (device times on CUDA)
+        self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, link_model,
                                         world_size, exchange)
         compare = world_size > 1 and not policy.is_buckets
         kinds = (arm_kinds(config.fallback, config.autotune_trials if config.autotune else 0, config.trial_pairs)
@@ -94,12 +91,12 @@ class Planner:
         self._kinds = kinds if rank == 0 else ()
         self.experiment: ArmsExperiment | None = None  # rank 0, from the first arm on (when the link is measured)
         self.chosen = policy  # the policy of later plans: the user's (tuned), or fifo after losing the trial
-        self.timings: list[RoundTiming] = []  # of the latest closed rounds
         self.link: MeasuredLink | None = None  # probed once, before the measured trial
-        self.prediction: Prediction | None = None  # the simulated comparison with fifo
-        self.trial: TrialReport | None = None  # the measured comparison with fifo
-        self.tuning: TuningReport | None = None  # the online tuner's report, once it finished
-        self.switches: list[tuple[int, str]] = []  # (first round, policy) of every plan adopted here
+        # what it measures and decides, kept by the run (stats(), export_profile()): the timings, the
+        # prediction, the trial, the tuning, the switches
+        self.measured = measured if measured is not None else Measurements()
+        self.measured.owners, self.measured.sizes = owners, self.sizes
+        self.measured.settled_round = self.schedule.settled_round
         self._running: tuple[Arm, Plan] | None = None  # rank 0: the arm being measured, and its plan
         self._starts: dict[int, RoundTiming] = {}  # round -> its timing (the forward start before its backward)
         self._done: set[int] = set()
@@ -128,16 +125,12 @@ class Planner:
         per-message cost of 0 would cut the slices to the smallest.)"""
         total = self.total_bytes
         if self.link is not None and self.link.seconds_per_byte > 0:
-            return policy.for_link(total, *self.architecture.link(self.link.latency_s, self.link.seconds_per_byte,
+            return policy.for_link(total, *self.link_model.link(self.link.latency_s, self.link.seconds_per_byte,
                                                                   self.link.overhead_s))
         link = self.predictor.estimated_link()
         if link and self.exchange.estimator.separable:
             return policy.for_link(total, *link)
         return policy.for_link(total, 0.0, 0.0, 0.0)
-
-    @property
-    def settled_round(self) -> int:
-        return self.schedule.settled_round
 
     def adopt(self, param: str, module: str) -> None:
         """``module`` (which runs) waits for ``param`` instead of the module that holds it."""
@@ -147,13 +140,14 @@ class Planner:
         self.owners.setdefault(module, []).append(param)
 
     def record(self, timing: RoundTiming, round_index: int) -> None:
-        self.timings = (self.timings + [timing])[-(self.config.profile_rounds + 1) :]
+        measured = self.measured
+        measured.timings = (measured.timings + [timing])[-(self.config.profile_rounds + 1) :]
         self._starts[round_index] = timing
         for old in [r for r in self._starts if r < round_index - 2 * self.config.trial_rounds - 4]:
             del self._starts[old]
 
     def close(self) -> None:
-        self.group = self.probe_group = self.on_buckets_kept = None  # the last: the coordinator's, a cycle
+        self.group = self.probe_group = None
 
     # -- every rank ----------------------------------------------------------------------------
     def control_point(self, round_index: int) -> None:
@@ -172,7 +166,7 @@ class Planner:
         first_arm = point == ControlPoint(Stage.ARM, 0)
         # the link is probed where the simulator models it (all-reduce), for the trial's prediction
         # or for the sizes a policy derives from it; the same on every rank
-        probing = self.architecture.predicts_trial and (self.config.fallback or self.policy.derived)
+        probing = self.link_model.probed and (self.config.fallback or self.policy.derived)
         if first_arm and probing and self.link is None:
             if self.settle:
                 self.settle()
@@ -189,17 +183,19 @@ class Planner:
         self._adopt(proposal, round_index + 1)
 
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
+        measured = self.measured
         if proposal.more_pairs:
             self.schedule = self.schedule.with_arms(self.schedule.arms + 2 * proposal.more_pairs)
-        self.prediction = proposal.prediction or self.prediction
-        self.trial = proposal.trial or self.trial
-        if proposal.trial is not None and proposal.trial.use_fifo and self.on_buckets_kept:
-            self.on_buckets_kept()
-        self.tuning = proposal.tuning or self.tuning
-        previous = self.switches[-1][1] if self.switches else None
+            measured.settled_round = self.schedule.settled_round
+        measured.prediction = proposal.prediction or measured.prediction
+        measured.trial = proposal.trial or measured.trial
+        self.kept_buckets |= proposal.trial is not None and proposal.trial.use_fifo
+        measured.tuning = proposal.tuning or measured.tuning
+        previous = measured.switches[-1][1] if measured.switches else None
         if proposal.plan is not None:
             self.exchange.set_plan(proposal.plan, first_round)
-            self.switches.append((first_round, proposal.plan.policy))
+            measured.adopt(proposal.plan, first_round)
+            measured.switches.append((first_round, proposal.plan.policy))
         if self.rank == 0:  # every rank adopts the same: said once
             self._say(proposal, first_round, previous)
 
@@ -237,28 +233,7 @@ class Planner:
 
     def _complete_timings(self) -> list[RoundTiming]:
         """The latest measured rounds (the first one warms up) in which every parameter got a gradient."""
-        self.timings = [self.clock.resolve(t) for t in self.timings]  # device times, on CUDA
-        return [t for t in self.timings[1:] if len(t.ready) == len(self.names)][-self.config.profile_rounds :]
-
-    def measured(self, name: str) -> ModelTable | None:
-        """This rank's measured per-layer table (the medians of the latest complete rounds),
-        or None before there is one."""
-        timings = self._complete_timings()
-        return measured_table(timings, self.owners, self.sizes, name) if timings else None
-
-    def export_profile(self, path: str, name: str) -> str:
-        """Write :meth:`measured` as a JSON profile (docs/profile-format.md); returns ``path``."""
-        problem = problem_writing(path)
-        if problem:
-            raise ValueError(f"export_profile({path!r}): {problem}")
-        table = self.measured(name)
-        if table is None:
-            raise GradschedError(
-                "export_profile: nothing measured yet: run a few training iterations first (the first backward "
-                "pass warms up; every parameter must get a gradient in the rounds measured)"
-            )
-        table.save(path)
-        return path
+        return self.measured.complete_timings(self.clock, self.config.profile_rounds)
 
     # -- rank 0 ---------------------------------------------------------------------------------
     def _propose(self, round_index: int, point: ControlPoint) -> Proposal | None:
@@ -279,15 +254,16 @@ class Planner:
                 arm = self.experiment.ask()
             policy, plan = self._with(arm.options), arm.plan
         elif point.stage == Stage.DECIDE:
-            prior = None if self.prediction is None else not self.prediction.use_fifo
+            prediction = self.measured.prediction
+            prior = None if prediction is None else not prediction.use_fifo
             decision = self.experiment.decide(prior)
             if decision is not None:
                 self.chosen = self._with(decision.options)
             policy, plan = self.chosen, decision and decision.plan
         else:
             policy, plan = self.chosen, None
-        plan = plan or make_plan(self.tensors, ready, self._sized(policy), *link, arch=self.architecture.link_model,
-                                 servers=max(1, self.architecture.servers),
+        plan = plan or make_plan(self.tensors, ready, self._sized(policy), *link, arch=self.link_model.sim,
+                                 servers=max(1, self.link_model.servers),
                                  hold_bytes=message_hold(self.exchange.hold_bytes))
         if arm is not None:
             self._running = (arm, plan)

@@ -12,7 +12,7 @@ from gradsched.core.policies import FifoConfig
 from gradsched.core.task import TensorSpec
 from gradsched.models.table import ModelTable
 from gradsched.runtime.comm.compression import wire_dtype
-from gradsched.runtime.architectures.base import Architecture
+from gradsched.runtime.planning.link_model import LinkModel
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.diagnostics.stats import Prediction
@@ -31,12 +31,12 @@ def ddp_buckets(tensors: Sequence[TensorSpec], param_bytes: int, config: Runtime
 class TrialPredictor:
     def __init__(self, tensors: Sequence[TensorSpec], sizes: Mapping[str, tuple[int, int]],
                  owners: Mapping[str, list[str]], policy: PolicyConfig, config: RuntimeConfig,
-                 architecture: Architecture, world_size: int, exchange: Exchange) -> None:
+                 link_model: LinkModel, world_size: int, exchange: Exchange) -> None:
         """``sizes``: tensor -> (elements, bytes each) of the parameter; ``owners``: module ->
         the parameters its forward waits for (kept up to date by the planner)."""
         self.tensors, self.sizes, self.owners = tensors, sizes, owners
         self.policy, self.config, self.world_size, self.exchange = policy, config, world_size, exchange
-        self.architecture = architecture
+        self.link_model = link_model
 
     def buckets(self) -> FifoConfig:
         """The DDP-style buckets the fallback measures (:func:`ddp_buckets`)."""
@@ -44,7 +44,7 @@ class TrialPredictor:
 
     def prediction(self, timings: list[RoundTiming], link: tuple, probed: MeasuredLink | None) -> Prediction | None:
         """The simulator's view of the measured trial, on the probed link (or the estimate)."""
-        if not (self.config.fallback and self.architecture.predicts_trial and link and timings):
+        if not (self.config.fallback and self.link_model.probed and link and timings):
             return None
         # probed: with compression, in the wire dtype, and the casts' cost
         return self._predict(timings, probed is not None, *((probed.latency_s, probed.seconds_per_byte, probed.overhead_s,
@@ -56,7 +56,7 @@ class TrialPredictor:
         est = self.exchange.estimator
         if not (est.ready and est.seconds_per_byte > 0):
             return ()
-        return self.architecture.link(est.latency, est.seconds_per_byte, est.per_message)
+        return self.link_model.link(est.latency, est.seconds_per_byte, est.per_message)
 
     def _predict(self, timings: list[RoundTiming], probed: bool, latency: float, per_byte: float,
                  overhead: float, cast: float = 0.0) -> Prediction | None:

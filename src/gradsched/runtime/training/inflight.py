@@ -65,6 +65,31 @@ class Claims(Protocol):
         """Code operates on gradient ``i``'s mark: wait for its reduction and apply what waits."""
 
 
+class Settled:
+    """The handover where no data plane reduces (after the hand-off DDP's reducer reduces inside
+    ``backward()``): every gradient is plain, nothing is in flight, nothing waits."""
+
+    unsettled: frozenset[int] = frozenset()
+
+    def holds(self, i: int) -> bool:
+        return False
+
+    def in_flight(self, i: int) -> bool:
+        return False
+
+    def ended(self, i: int) -> bool:
+        return True
+
+    def wait(self, indices: Sequence[int], what: str) -> None:
+        """Nothing to wait for."""
+
+    def settle(self, indices: Sequence[int]) -> None:
+        """Nothing to settle."""
+
+    def release(self, i: int) -> None:
+        """Nothing marked."""
+
+
 class Handover:
     """Puts handed-over gradients in ``param.grad`` as :class:`InFlightGrad` and turns them
     back into plain tensors, applying any deferred value clipping, once reduced (and once
@@ -133,6 +158,14 @@ class Handover:
         settled, as a handed-over gradient's is."""
         self.unsettled.add(i)
         self.exchange.mark_ready(i, tensor, round_index)
+
+    def in_flight(self, i: int) -> bool:
+        """Whether gradient ``i`` is handed over and its reduction not complete (the exchange's)."""
+        return self.exchange.in_flight(i)
+
+    def ended(self, i: int) -> bool:
+        """Whether gradient ``i``'s reduction ended, the device past it too (the exchange's)."""
+        return self.exchange.ended(i)
 
     def holds(self, i: int) -> bool:
         """Whether ``.grad`` of parameter ``i`` is the gradient handed over, still marked."""

@@ -36,7 +36,6 @@ iteration is announced (or, on a rank that has joined, before it shadows the nex
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -44,6 +43,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook, Joinable
 
 from gradsched.runtime.errors import GradschedError, failing_rank
+from gradsched.runtime.training.run import Run
 
 
 class Iteration(NamedTuple):
@@ -55,17 +55,7 @@ class Iteration(NamedTuple):
 
 
 class Joining(Protocol):
-    """What join needs of the coordinator of a wrapped model."""
-
-    round: int  # the latest round (backward pass that communicated)
-    rank: int
-    world_size: int  # the workers
-    config: Any  # the RuntimeConfig
-    architecture: Any  # what it refuses (join_refusal: gradsched.runtime.architectures.base)
-
-    @property
-    def control_group(self) -> Any:
-        """The gloo group of the workers, for agreements."""
+    """What join asks of the backend that reduces a wrapped model's rounds (gradsched's plane)."""
 
     def control_point(self, round_index: int) -> None:
         """Hold the control point after round ``round_index`` (every rank, at the same point)."""
@@ -79,26 +69,40 @@ class Joining(Protocol):
     def broadcast_model(self, source: int) -> None:
         """Copy rank ``source``'s parameters (and synced buffers) to every worker."""
 
-    def explain(self) -> str:
-        """What the other ranks' progress says, for an error."""
-
 
 class UnevenInputs(Joinable):
-    """The :class:`~torch.distributed.algorithms.Joinable` of one coordinator."""
+    """The :class:`~torch.distributed.algorithms.Joinable` of one backend (``joining``, which
+    holds this: :meth:`release` when it stops) over the run ``run`` (whether this rank has
+    joined is kept in its rounds, which the ranks' progress reports); ``refusal``: why the
+    architecture cannot run ``join()``, None where it can."""
 
-    def __init__(self, coordinator: Joining) -> None:
+    def __init__(self, joining: Joining, run: Run, refusal: str | None) -> None:
         super().__init__()
-        self._coordinator = weakref.ref(coordinator)  # which holds this: no cycle to outlive close()
+        self._joining: Joining | None = joining
+        self.run, self.refusal = run, refusal
+        self.life = run.life
         self.divide_by_initial_world_size = True
-        self.joined = False  # this rank left the loop and shadows the others
         self.announced: tuple[int, bool] | None = None  # (round, communicates) of the latest forward pass
 
     @property
-    def coordinator(self) -> Joining:
-        coordinator = self._coordinator()
-        if coordinator is None:
-            raise GradschedError("gradsched join: the wrapped model is gone")
-        return coordinator
+    def joined(self) -> bool:
+        """This rank left the loop and shadows the others."""
+        return self.life.joined
+
+    @joined.setter
+    def joined(self, value: bool) -> None:
+        self.life.joined = value
+
+    @property
+    def backend(self) -> Joining:
+        if self._joining is None:
+            raise GradschedError("gradsched join: the wrapped model was closed (or handed to DDP's reducer, "
+                                 "whose join() is DDP's own)")
+        return self._joining
+
+    def release(self) -> None:
+        """The backend stopped: let go of it (it holds this)."""
+        self._joining = None
 
     # -- the Joinable interface --------------------------------------------------------------
     def join_hook(self, **kwargs: Any) -> JoinHook:
@@ -106,10 +110,8 @@ class UnevenInputs(Joinable):
         if unknown:
             raise TypeError(f"gradsched join: unexpected keyword arguments {unknown}; "
                             "the one option is divide_by_initial_world_size")
-        architecture = self.coordinator.architecture
-        if architecture.join_refusal is not None:
-            raise GradschedError(f"gradsched join: {architecture!r} does not support uneven inputs yet ("
-                                 f"{architecture.join_refusal})")
+        if self.refusal is not None:
+            raise GradschedError(f"gradsched join: {self.refusal}")
         self.divide_by_initial_world_size = bool(kwargs.get("divide_by_initial_world_size", True))
         self.joined = False
         self.announced = None
@@ -121,7 +123,7 @@ class UnevenInputs(Joinable):
 
     @property
     def join_process_group(self) -> Any:
-        return self.coordinator.control_group
+        return self.run.topology.control
 
     # -- a rank still training --------------------------------------------------------------
     @property
@@ -139,7 +141,7 @@ class UnevenInputs(Joinable):
                 "evaluation under torch.no_grad(), and call backward() after every other forward pass"
             )
         work = Join.notify_join_context(self)  # raises if throw_on_early_termination and a rank joined
-        co = self.coordinator
+        co = self.backend
         co.control_point(round_index)  # inside the context, here: where the joined ranks hold theirs
         iteration = self.agree(communicates)
         if work is not None:
@@ -150,7 +152,7 @@ class UnevenInputs(Joinable):
     def grad_scale(self, iteration: Iteration) -> float | None:
         """The factor that turns the average over every worker into the average over the
         ranks still training (``divide_by_initial_world_size=False``), or None."""
-        workers = self.coordinator.world_size
+        workers = self.run.world_size
         if self.divide_by_initial_world_size or iteration.training == workers:
             return None
         return workers / iteration.training
@@ -159,13 +161,13 @@ class UnevenInputs(Joinable):
     def agree(self, communicates: bool | None) -> Iteration:
         """One all-reduce on the control group: which ranks are still training (``None`` for
         a joined rank), and whether their next backward pass communicates."""
-        co = self.coordinator
-        workers = co.world_size
+        run = self.run
+        workers = run.world_size
         state = torch.zeros(workers + 1, dtype=torch.float64)
         if communicates is not None:
-            state[co.rank] = 1.0
+            state[run.rank] = 1.0
             state[workers] = float(communicates)
-        with failing_rank("agreeing on the ranks still training (join)", co.explain):
+        with failing_rank("agreeing on the ranks still training (join)", run.explain):
             dist.all_reduce(state, group=self.join_process_group)
         training = [r for r in range(workers) if state[r] > 0]
         talking = round(state[workers].item())
@@ -192,8 +194,8 @@ class _Shadow(JoinHook):
     def main_hook(self) -> None:
         """One iteration of the ranks still training, shadowed by a rank that has joined."""
         uneven = self.uneven
-        co = uneven.coordinator
-        co.control_point(co.round)  # of the latest round: where the ranks training hold theirs
+        co = uneven.backend
+        co.control_point(uneven.life.index)  # of the latest round: where the ranks training hold theirs
         if not uneven.joined:
             co.synchronize()  # this rank's own last updates
             uneven.joined = True
@@ -201,11 +203,12 @@ class _Shadow(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         """Every rank has joined: copy the last joiners' parameters and buffers everywhere."""
-        co = self.uneven.coordinator
+        co = self.uneven.backend
         try:
             co.synchronize()
-            source = torch.tensor([co.rank if is_last_joiner else -1], dtype=torch.float64)
-            with failing_rank("finding the last rank to join (join)", co.explain):
+            run = self.uneven.run
+            source = torch.tensor([run.rank if is_last_joiner else -1], dtype=torch.float64)
+            with failing_rank("finding the last rank to join (join)", run.explain):
                 dist.all_reduce(source, op=dist.ReduceOp.MAX, group=self.uneven.join_process_group)
             co.broadcast_model(int(source.item()))
         finally:

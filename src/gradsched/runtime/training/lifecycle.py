@@ -39,6 +39,8 @@ class RoundLife:
         self._next_opens = True  # the next gradient opens a new round
         self.trace = trace
         self.active_at = 0.0  # when the latest forward pass began (or the wrap), on the caller's monotonic
+        self.joined = False  # the rank has left the loop and shadows the others' rounds (join())
+        self.closed = False  # the rank runs no more rounds (the wrap was closed)
         #   clock: the rank's progress, for peers asking after a failure
 
     def _say(self, event: str) -> None:

@@ -16,11 +16,13 @@ data plane (:mod:`gradsched.runtime.comm`), both passes, one object:
 
 What differs between all-reduce, parameter servers and sharded (what travels, how, and what
 ``step()``, a module's forward pass and clipping do with the result) is the architecture's
-(:class:`~gradsched.runtime.architectures.base.Architecture`, its
-:class:`~gradsched.runtime.architectures.base.Stepping`); this module asks none of them which
-it is. The round's life is :class:`~gradsched.runtime.training.lifecycle.RoundLife`, the
-coordinator's; the coordinator holds this backend until the hand-off to DDP's reducer
-(:mod:`gradsched.runtime.architectures.reducer`), which retires it (:meth:`Plane.retire`). Every
+(:class:`~gradsched.runtime.training.architecture.Architecture`, its
+:class:`~gradsched.runtime.training.architecture.Stepping`); this module asks none of them which
+it is. It borrows the run's record (:class:`~gradsched.runtime.training.run.Run`: the rounds, the
+switches, the optimizer's applier, what is measured) and owns what dies with it: the exchange
+and its threads, the flat buffers, the planner, the hooks. The coordinator holds it until the
+hand-off to DDP's reducer (:mod:`gradsched.runtime.architectures.reducer`), which retires it
+whole (:meth:`Plane.retire`): nothing refers to it afterwards. Every
 wait for a reduced gradient goes through the handover
 (:meth:`gradsched.runtime.training.inflight.Handover.wait`).
 """
@@ -28,15 +30,15 @@ wait for a reduced gradient goes through the handover
 from __future__ import annotations
 
 import time
-import weakref
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from gradsched.runtime.architectures.base import Architecture
-from gradsched.runtime.comm.dataplane import open_data_plane
+from gradsched.runtime.comm.broadcast import broadcast_model
+from gradsched.runtime.training.architecture import Architecture
+from gradsched.runtime.training.dataplane import open_data_plane
 from gradsched.runtime.diagnostics.exposure import say_exposure
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.planning.planner import Planner
@@ -46,55 +48,67 @@ from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.join import Iteration, UnevenInputs
 from gradsched.runtime.training.rounds import Round
+from gradsched.runtime.training.run import Run
 from gradsched.runtime.training.sparse import SparseGradients
-from gradsched.runtime.training.unused import UnusedParameters, agree_unused
-from gradsched.runtime.training.updates import DeferredUpdates
+from gradsched.runtime.training.stand_ins import StandIns
+from gradsched.runtime.training.unused import UnusedParameters
 from gradsched.runtime.training.waits import ModuleWaits
 
 
 class Plane:
-    """The round on gradsched's data plane under ``architecture``, for the coordinator ``co``
-    (which it does not keep)."""
+    """The round on gradsched's data plane under ``architecture``, for the run ``run`` (whose
+    record it borrows: what it builds here dies with it)."""
 
-    def __init__(self, co: Any, architecture: Architecture) -> None:
-        self.model, self.params, self.names, self.index = co.model, co.params, co.names, co.index
-        self.config, self.topology, self.trace, self.clock = co.config, co.topology, co.trace, co.clock
-        self.sync, self.exposure, self.entry = co.sync, co.exposure, co.entry
-        self.rank, self.world_size = co.rank, co.world_size
-        me = weakref.ref(co)  # what this and its threads keep of the coordinator: no cycle to outlive close()
-        self.explain: Callable[[], str] = lambda: me().explain() if me() is not None else ""
-        opened = open_data_plane(architecture, self.names, self.params, co.policy, co.config, co.topology,
-                                 co.comm_hook, self.trace.on_exchange if self.trace else None, self.explain)
-        self.tensors, self.device, self.exchange = opened.tensors, opened.device, opened.exchange
+    def __init__(self, run: Run, architecture: Architecture) -> None:
+        self.run, self.architecture = run, architecture
+        opened = open_data_plane(architecture, run, run.trace.on_exchange if run.trace else None)
+        self.tensors, self.exchange = opened.tensors, opened.exchange
         try:  # the launcher runs: nothing of a half-built plane may outlive it
-            self._build(co, architecture)
+            self._build(run, architecture)
         except BaseException:
             self.exchange.close(wait=False)
             raise
 
-    def _build(self, co: Any, architecture: Architecture) -> None:
-        config = co.config
-        self.current = Round(co.life)  # the coordinator's: the count goes on after a hand-off
+    def _build(self, run: Run, architecture: Architecture) -> None:
+        config, topology = run.config, run.topology
+        self.current = Round(run.life)  # the run's: the count goes on after a hand-off
         self.closed = False
         self.broken = False  # a round that can never complete: close() must not wait for it
-        self.handover = Handover(self.params, self.exchange)
-        self.updates = DeferredUpdates(co.optimizer, self.params, self.names, self.exchange, self.handover, self.trace)
-        self.stepping = architecture.stepping(self.exchange, self.handover, self.updates, co.topology, config)
-        self.sparse = SparseGradients(*co.sparse, co.topology, self)  # outside the plans (training.sparse)
-        self.unused = UnusedParameters(self.params) if config.find_unused_parameters else None
-        self.uneven = UnevenInputs(co)  # join(): ranks with fewer batches shadow the others
-        self.waits = ModuleWaits(self.model, self.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
+        self.handover = Handover(run.params, self.exchange)
+        run.updates.serve(self.handover)  # the run's optimizer applier waits for this plane's reductions
+        self.stepping = architecture.stepping(self.exchange, self.handover, run.updates, topology, config)
+        self.sparse = SparseGradients(*run.sparse, topology, run.explain)  # outside the plans (training.sparse)
+        self.unused = UnusedParameters(run.params) if config.find_unused_parameters else None
+        self.stand_ins = StandIns(run, self.current, self.exchange, self.handover, self.unused, self.sparse)
+        refusal = architecture.join_refusal
+        self.uneven = UnevenInputs(self, run, refusal and f"{architecture!r} does not support uneven inputs yet "
+                                   f"({refusal})")  # join(): ranks with fewer batches shadow the others
+        self.waits = ModuleWaits(run.model, run.index)  # the Dependency Proxy's map (gradsched.runtime.training.waits)
         on_plane = architecture.buffers_on_data_plane
-        self.buffer_sync = BufferSync(self.model, self.exchange,
-                                      partial(getattr, co.topology, "broadcasts" if on_plane else "buffers"),
-                                      on_plane, self.explain, self.device, partial(getattr, co.topology, "control"))
-        self.planner = Planner(self.tensors, self.params, co.policy, config, architecture,
-                               self.waits.owners(self.names), self.exchange, co.topology.control, self.rank,
-                               self.world_size, co.topology.data, self.clock,
-                               settle=partial(self.handover.wait, range(len(self.params)), "all parameters"),
-                               on_buckets_kept=co.buckets_kept)
-        self._tracing_module: tuple[str, float] | None = None
+        self.buffer_sync = BufferSync(run.model, self.exchange,
+                                      partial(getattr, topology, "broadcasts" if on_plane else "buffers"),
+                                      on_plane, run.explain, run.device, partial(getattr, topology, "control"))
+        self.planner = Planner(self.tensors, run.params, run.policy, config, architecture.link_model(),
+                               self.waits.owners(run.names), self.exchange, topology.control, self.run.rank,
+                               self.run.world_size, topology.data, run.clock,
+                               settle=partial(self.handover.wait, range(len(run.params)), "all parameters"),
+                               measured=run.measured)
         self._handles: list[Any] = []
+
+    # -- what join asks (gradsched.runtime.training.join.Joining) -------------------------------
+    def control_point(self, round_index: int) -> None:
+        """Hold the control point after round ``round_index``; where the measured trial keeps the
+        buckets (outside ``join()``, where no rank steps at one point), the hand-off is due."""
+        self.planner.control_point(round_index)
+        if self.planner.kept_buckets:
+            self.planner.kept_buckets = False
+            self.run.handoff_due |= not self.uneven.enabled
+
+    def broadcast_model(self, source: int) -> None:
+        """Copy rank ``source``'s parameters (and buffers, unless buffers are not synced) to every worker."""
+        self.synchronize()
+        broadcast_model(self.run.model, self.run.config.broadcast_buffers, source, self.run.topology.buffers,
+                        self.run.explain)
 
     # -- the backend's interface (the coordinator's calls) ------------------------------------
     @property
@@ -109,23 +123,26 @@ class Plane:
     def forward_param_sync(self, enabled: bool | None = None) -> bool:
         """DDP's ``require_forward_param_sync`` (set it with ``enabled``)."""
         if enabled is not None:
-            self.sync.param = bool(enabled)
-        return self.sync.param
+            self.run.sync.param = bool(enabled)
+        return self.run.sync.param
 
     def set_sync(self, enabled: bool) -> None:
         """Nothing: the switches are read by each forward pass (gradsched.runtime.training.syncing)."""
 
+    def opened_in_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Nothing: the plane is opened by the wrap, before any forward pass."""
+
     def attach(self) -> None:
         """Register the hooks of gradients, sparse gradients and modules."""
-        for p in self.params:
+        for p in self.run.params:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        self._handles.extend(self.sparse.attach())
-        self._handles.append(self.model.register_forward_pre_hook(Hook(self._before_root)))
-        self._handles.append(self.model.register_forward_hook(Hook(self._after_root)))
-        for module in self.model.modules():
+        self._handles.extend(self.sparse.attach(self._on_sparse_grad))
+        self._handles.append(self.run.model.register_forward_pre_hook(Hook(self._before_root)))
+        self._handles.append(self.run.model.register_forward_hook(Hook(self._after_root)))
+        for module in self.run.model.modules():
             if module in self.waits.hooked or module in self.buffer_sync.owners:
                 self._handles.append(module.register_forward_pre_hook(Hook(self._before_module)))
-        self._handles.extend(self.stepping.attach(self.params, self.waits))  # run after the plane's own
+        self._handles.extend(self.stepping.attach(self.run.params, self.waits))  # run after the plane's own
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -135,11 +152,11 @@ class Plane:
     def step(self) -> None:
         """``optimizer.step()``: close the round; update each parameter once it is reduced."""
         self.close_round()
-        self.stepping.step(self.updates.snapshot(), self.exchange.plan_for(max(self.round, 1)))  # (0: gradients
+        self.stepping.step(self.run.updates.snapshot(), self.exchange.plan_for(max(self.round, 1)))  # (0: gradients
         #   set by hand before any backward pass: nothing in flight, the first round's plan as good as any)
         self.current.life.stepped()
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
-            self.planner.control_point(self.round)
+            self.control_point(self.round)
 
     def synchronize(self) -> None:
         """Every reduction complete and every pending update applied."""
@@ -147,7 +164,7 @@ class Plane:
             return
         self.buffer_sync.wait()
         self.close_round()
-        self.updates.wait_and_apply(range(len(self.params)), "all parameters")
+        self.run.updates.wait_and_apply(range(len(self.run.params)), "all parameters")
         self.stepping.synchronize()
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
@@ -166,7 +183,7 @@ class Plane:
 
     def idle(self) -> bool:
         return self.exchange.error is None and not self.broken and not any(map(self.exchange.in_flight,
-                                                                               range(len(self.params))))
+                                                                               range(len(self.run.params))))
 
     def retire(self) -> None:
         """The hand-off (every reduction complete): off the training thread's path, the threads
@@ -180,7 +197,7 @@ class Plane:
         self.stop(wait=True)  # nothing of the plane refers to the buffers now but the gradients
         for members in chunks:
             for i in members:  # the chunk is freed with its last gradient moved
-                p = self.params[i]
+                p = self.run.params[i]
                 p.grad = plain(p.grad).clone()
 
     def _living_in_homes(self) -> list[list[int]]:
@@ -188,7 +205,7 @@ class Plane:
         (indices only: nothing here keeps a chunk alive)."""
         chunks: dict[int, list[int]] = {}
         for i, home in self.current.homes.items():
-            grad = plain(self.params[i].grad)
+            grad = plain(self.run.params[i].grad)
             if grad is not None and grad.untyped_storage().data_ptr() == home.untyped_storage().data_ptr():
                 chunks.setdefault(home.untyped_storage().data_ptr(), []).append(i)
         return list(chunks.values())
@@ -211,7 +228,8 @@ class Plane:
         self.buffer_sync.close()
         self.exchange.close(wait=wait)
         self.planner.close()
-        self.handover.claims = None  # (the deferred updates and the handover refer to each other)
+        self.run.updates.serve(None)  # the run's applier: no reductions of this plane's any more
+        self.uneven.release()  # (it refers to this plane)
 
     # -- rounds ---------------------------------------------------------------------------
     def start_round(self) -> None:
@@ -223,40 +241,45 @@ class Plane:
         handed over a gradient (or be marked unused) so the plan can complete."""
         if not self.current.life.close():
             return
-        self.sync.round_closed()
+        self.run.sync.round_closed()
         self.planner.record(self.current.timing, self.round)
-        missing = [i for i in range(len(self.params)) if self.exchange.ready_round[i] != self.round]
+        missing = [i for i in range(len(self.run.params)) if self.exchange.ready_round[i] != self.round]
         if missing and self.unused is None:
-            names = [self.names[i] for i in missing[:5]]
+            names = [self.run.names[i] for i in missing[:5]]
             self.broken = True
             raise GradschedError(
                 f"{len(missing)} parameters got no gradient in this backward pass, e.g. {names}; if some "
-                f"parameters are legitimately unused, pass find_unused_parameters=True to {self.entry}"
+                f"parameters are legitimately unused, pass find_unused_parameters=True to {self.run.entry}"
             )
         if self.unused is not None and self.unused.open:  # the backward pass ended early (it raised)
-            self._settle_unused()
+            self.stand_ins.settle_unused()
         if self.current.life.orphans_due():  # gradients whose owners did not run: an ancestor that ran waits
             self.waits.adopt_orphans(lambda i: self.exchange.ready_round[i] == self.round, self.current.ran,
-                                     lambda i, module: self.planner.adopt(self.names[i], module))
+                                     lambda i, module: self.planner.adopt(self.run.names[i], module))
 
     def shadow(self, iteration: Iteration) -> None:
         """On a rank that has joined: take part in one iteration of the ranks still training
         with zero gradients and no update (see :mod:`gradsched.runtime.training.join`)."""
-        if self.config.broadcast_buffers and self.world_size > 1 and iteration.communicates:
+        if self.run.config.broadcast_buffers and self.run.world_size > 1 and iteration.communicates:
             self.buffer_sync.start(iteration.source)
         if not iteration.communicates:
             return
         self.current.life.shadowed()
         self.start_round()
-        self._shadow_with_zeros()
+        self.stand_ins.shadow_with_zeros()
 
     # -- backward: each gradient as autograd accumulates it ------------------------------------
+    def _on_sparse_grad(self, name: str, p: torch.Tensor) -> None:
+        """A sparse gradient was accumulated: reduced now, unless this backward pass is local."""
+        if not self.closed and not self.run.sync.local:
+            self.sparse.reduce(name, p, self.current.grad_scale)
+
     def _on_grad(self, p: torch.Tensor) -> None:
         if self.closed:
             return
-        i = self.index[id(p)]
+        i = self.run.index[id(p)]
         grad = plain(p.grad)  # None: an undefined gradient reached this parameter
-        if self.sync.local:
+        if self.run.sync.local:
             if self.unused is not None and grad is not None:
                 self.unused.local_gradient(i)
             self.stepping.local_gradient(i)
@@ -275,63 +298,18 @@ class Plane:
         if grad is not None:
             self._hand_over(i, grad)
         if self.unused is not None and self.unused.report(i, grad is not None):
-            self._settle_unused()  # the last gradient this backward pass gives the model
+            self.stand_ins.settle_unused()  # the last gradient this backward pass gives the model
 
     def _hand_over(self, i: int, grad: torch.Tensor) -> None:
         current = self.current
-        name = self.names[i]
+        name = self.run.names[i]
         grad = self.handover.place(grad, current.homes.get(i))
         timing, key = current.timing, ("ready", name)
-        now = timing.ready[name] = self.clock.stamp(timing, key)  # its event: also where it was produced
-        if self.trace:
-            self.trace.ready(current.index, name, now, backward_from=timing.forward_end)
+        now = timing.ready[name] = self.run.clock.stamp(timing, key)  # its event: also where it was produced
+        if self.run.trace:
+            self.run.trace.ready(current.index, name, now, backward_from=timing.forward_end)
         self.handover.hand_over(i, grad, current.index, current.grad_scale,
-                                produced=self.device.produced(timing.events.get(key), written=grad))
-
-    def _settle_unused(self) -> None:
-        """``find_unused_parameters``: the backward pass is over, so every parameter it gave no
-        gradient is handed over now (see :mod:`gradsched.runtime.training.unused`)."""
-        current, exchange, handover = self.current, self.exchange, self.handover
-        globally_unused = self._agree(self.unused.settle(len(self.params)))
-        for i in [i for i in range(len(self.params)) if exchange.ready_round[i] != current.index]:
-            p = self.params[i]
-            if i in handover.unsettled or self.updates.pending(i):  # its previous round first (NCCL: ran)
-                self.updates.wait_and_apply([i], f"parameter {self.names[i]!r}")
-            home = current.homes.get(i)
-            held = plain(p.grad)
-            if i in globally_unused:  # used nowhere: .grad stays as it is
-                if home is not None and held is home:  # .grad lives where the message reduces: restored after
-                    handover.hand_over(i, home, current.index, keep=home.clone())
-                else:
-                    handover.lend(i, home.zero_() if home is not None else torch.zeros_like(p), current.index)
-                continue
-            with torch.no_grad():  # used elsewhere: reduced with what this rank holds, as DDP does
-                if held is None:
-                    contribution = home.zero_() if home is not None else torch.zeros_like(p)
-                elif home is not None:
-                    contribution = home if held is home else home.copy_(held)
-                else:
-                    contribution = held.detach().contiguous()
-            handover.hand_over(i, contribution, current.index, current.grad_scale)
-
-    def _agree(self, missing: list[int]) -> set[int]:
-        """The parameters no rank gave a gradient, from this rank's ``missing`` (a collective)."""
-        return agree_unused(missing, len(self.params), self.topology.control if self.world_size > 1
-                            else None, self.explain)
-
-    def _shadow_with_zeros(self) -> None:
-        """On a rank that has joined: zeros for every gradient of the round it takes part in."""
-        everything = range(len(self.params))
-        for i in everything:
-            home = self.current.homes.get(i)
-            self.handover.lend(i, home.zero_() if home is not None else torch.zeros_like(self.params[i]),
-                               self.current.index)
-        self.sparse.shadow()  # the training ranks reduce theirs in backward()
-        if self.unused is not None:
-            # counted as using every parameter, as DDP's joined ranks are: while a rank has
-            # joined, a parameter the others all left unused gets a zero gradient, not none
-            self._agree([])
-        self.handover.wait(everything, "zero gradients shadowing the ranks still training (join)")
+                                produced=self.run.device.produced(timing.events.get(key), written=grad))
 
     # -- forward hooks --------------------------------------------------------------------
     def _before_root(self, module: nn.Module, args: Any) -> None:
@@ -341,45 +319,39 @@ class Plane:
         if not self.exchange.plan_for(self.round + 1).cross_barrier:
             self.synchronize()
         else:  # a gradient no step claimed would have the next backward pass added to it while it is reduced
-            unclaimed = [i for i in range(len(self.params)) if (i in self.handover.unsettled
-                         or self.exchange.in_flight(i)) and not self.updates.pending(i)]
+            unclaimed = [i for i in range(len(self.run.params)) if (i in self.handover.unsettled
+                         or self.exchange.in_flight(i)) and not self.run.updates.pending(i)]
             if unclaimed:  # (on NCCL also once resolved: that is, queued)
-                self.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
+                self.run.updates.wait_and_apply(unclaimed, "gradients accumulated without a step")
         self.current.life.forward()
         self.current.life.active_at = time.monotonic()
-        if self.sync.training(torch.is_grad_enabled()):  # a training iteration begins
-            self.exposure.iteration_began(time.perf_counter(), self.exchange.waited_s)
-            if self.exposure.count % 50 == 0 and self.rank == 0:
-                say_exposure(self.exposure, self.exchange.plan_for(self.round + 1).policy, self.planner.trial)
+        if self.run.sync.training(torch.is_grad_enabled()):  # a training iteration begins
+            self.run.exposure.iteration_began(time.perf_counter(), self.exchange.waited_s)
+            if self.run.exposure.count % 50 == 0 and self.run.rank == 0:
+                say_exposure(self.run.exposure, self.exchange.plan_for(self.round + 1).policy, self.run.measured.trial)
         self.current.grad_scale = None
-        training, sync_buffers = self.sync.forward_began(torch.is_grad_enabled())
+        training, sync_buffers = self.run.sync.forward_began(torch.is_grad_enabled())
         source = 0
         if training and not self.uneven.enabled:  # a round no step() followed (no optimizer; two backward
-            self.planner.control_point(self.round)  # passes per step); inside join(): in announce()
+            self.control_point(self.round)  # passes per step); inside join(): in announce()
         if self.uneven.enabled:  # the joined ranks shadow what the iteration says: buffers synced as it trains
             iteration = self.uneven.announce(self.round, training)
             source, self.current.grad_scale = iteration.source, self.uneven.grad_scale(iteration)
             sync_buffers = training
-        if self.config.broadcast_buffers and self.world_size > 1 and sync_buffers:
+        if self.run.config.broadcast_buffers and self.run.world_size > 1 and sync_buffers:
             self.buffer_sync.start(source)
         self.current.ran.clear()
         self.current.timing = timing = RoundTiming()
-        timing.forward_start = self.clock.stamp(timing, "forward_start")
+        timing.forward_start = self.run.clock.stamp(timing, "forward_start")
 
     def _after_root(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.sync.forward_ended(torch.is_grad_enabled())
-        if self.config.broadcast_buffers and self.world_size > 1 and self.sync.param and not self.uneven.enabled:
+        self.run.sync.forward_ended(torch.is_grad_enabled())
+        run = self.run
+        if run.config.broadcast_buffers and run.world_size > 1 and run.sync.param and not self.uneven.enabled:
             self.buffer_sync.ahead()  # the next forward pass's buffers: broadcast ahead of this round's messages
-        self.current.timing.forward_end = self.clock.stamp(self.current.timing, "forward_end")
-        if self.trace:
-            self._trace_forward(self.current.timing.forward_end)
-
-    def _trace_forward(self, now: float) -> None:
-        """Close the forward span of the module that ran last."""
-        if self._tracing_module is not None:
-            name, start = self._tracing_module
-            self.trace.span("forward", name, start, now)
-            self._tracing_module = None
+        self.current.timing.forward_end = self.run.clock.stamp(self.current.timing, "forward_end")
+        if self.run.trace:
+            self.run.trace.forward_ended(self.current.timing.forward_end)
 
     def _before_module(self, module: nn.Module, args: Any) -> None:
         if self.closed:
@@ -394,10 +366,8 @@ class Plane:
         first = name not in timing.module_starts
         entered = time.perf_counter()
         if first:
-            timing.module_starts[name] = self.clock.stamp(timing, ("module", name))
+            timing.module_starts[name] = self.run.clock.stamp(timing, ("module", name))
         if self.stepping.before_forward(idx, f"module {name}") and first:
             timing.module_waits[name] = time.perf_counter() - entered
-        if self.trace:
-            now = time.perf_counter()
-            self._trace_forward(entered)
-            self._tracing_module = (name or type(module).__name__, now)
+        if self.run.trace:
+            self.run.trace.module_forward(name or type(module).__name__, time.perf_counter(), entered)

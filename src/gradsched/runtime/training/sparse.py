@@ -12,13 +12,14 @@ sparse tensor.
 
 from __future__ import annotations
 
-import weakref
-from typing import Any, Callable, Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.errors import failing_rank
 
 
@@ -61,25 +62,25 @@ def reduce_zeros(p: torch.Tensor, name: str, group: dist.ProcessGroup, explain: 
 
 
 class SparseGradients:
-    """The sparse parameters of one coordinator: a gradient hook each (:func:`reduce_sparse`),
-    skipped where the coordinator's backward pass accumulates locally."""
+    """The sparse parameters of one wrap, reduced by the backend's gradient hook on each
+    (:func:`reduce_sparse`), skipped where its backward pass accumulates locally."""
 
-    def __init__(self, names: Sequence[str], params: Sequence[nn.Parameter], topology: Any, coordinator: Any) -> None:
+    def __init__(self, names: Sequence[str], params: Sequence[nn.Parameter], topology: Topology,
+                 explain: Callable[[], str]) -> None:
         self.names, self.params = list(names), list(params)
-        self.topology, self._coordinator = topology, weakref.ref(coordinator)  # which holds this: no cycle
+        self.topology, self.explain = topology, explain  # (the group read when used: released at close)
 
-    def attach(self) -> list:
-        """Register the gradient hooks; returns their handles."""
-        return [p.register_post_accumulate_grad_hook(lambda p, name=name: self._reduce(name, p))
+    def attach(self, on_gradient: Callable[[str, torch.Tensor], None]) -> list:
+        """``on_gradient(name, parameter)`` as each sparse gradient is accumulated; the hooks' handles."""
+        return [p.register_post_accumulate_grad_hook(partial(on_gradient, name))
                 for name, p in zip(self.names, self.params)]
 
-    def _reduce(self, name: str, p: torch.Tensor) -> None:
-        co = self._coordinator()
-        if co is None or co.closed or co.sync.local or co.world_size == 1:
-            return
-        reduce_sparse(p, name, self.topology.buffers, co.world_size, co.current.grad_scale, co.explain)
+    def reduce(self, name: str, p: torch.Tensor, scale: float | None) -> None:
+        workers = self.topology.num_workers
+        if workers > 1:
+            reduce_sparse(p, name, self.topology.buffers, workers, scale, self.explain)
 
     def shadow(self) -> None:
         """A joined rank's part in every sparse reduction of one iteration."""
         for name, p in zip(self.names, self.params):
-            reduce_zeros(p, name, self.topology.buffers, self._coordinator().explain)
+            reduce_zeros(p, name, self.topology.buffers, self.explain)

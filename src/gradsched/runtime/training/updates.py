@@ -36,8 +36,7 @@ from typing import Any, NamedTuple, Sequence, Union
 
 import torch
 
-from gradsched.runtime.comm.exchange import Exchange
-from gradsched.runtime.training.inflight import Handover, InFlightGrad, plain
+from gradsched.runtime.training.inflight import Handover, InFlightGrad, Settled, plain
 from gradsched.runtime.torch_private import GRAD_SCALER_ATTRIBUTES
 from gradsched.runtime.diagnostics.tracing import RunTrace
 
@@ -55,13 +54,15 @@ Action = Union[Snapshot, bool]  # a step with its snapshot; or zero_grad(set_to_
 
 
 class DeferredUpdates:
+    """The user's optimizer applied per parameter, for the whole run: the backend that reduces
+    lends it its handover while it lives (:meth:`serve`); without one every gradient is plain."""
+
     def __init__(self, optimizer: torch.optim.Optimizer | None, params: Sequence[torch.Tensor],
-                 names: Sequence[str], exchange: Exchange, handover: Handover, trace: RunTrace | None) -> None:
+                 names: Sequence[str], trace: RunTrace | None) -> None:
         self.optimizer = optimizer  # None until a model wrapped before its optimizer sees it step
         self.params = list(params)
         self.names = list(names)
-        self.exchange = exchange
-        self.handover = handover
+        self.handover: Handover | Settled = Settled()
         self.trace = trace
         self.applying = False  # inside the wrapped optimizer's step() on a subset of parameters
         # parameter -> the user's actions not yet applied, in order, each with the .grad it was called on
@@ -70,6 +71,13 @@ class DeferredUpdates:
         self._where_key: tuple = ()
         self._where_map: dict[int, tuple[int, int, torch.Tensor]] = {}
         self._pair_bound: list[int] = []  # per group: the most temporaries its full step holds (see pair_bytes)
+
+    def serve(self, handover: Handover | None) -> None:
+        """From now on the gradients handed over are ``handover``'s (the data plane's); None: the
+        plane is gone (retired at the hand-off, or closed) and nothing is in flight any more."""
+        if isinstance(self.handover, Handover):
+            self.handover.claims = None
+        self.handover = handover if handover is not None else Settled()
         if handover is not None:
             handover.claims = self
 
@@ -109,7 +117,8 @@ class DeferredUpdates:
         """Gradient ``i`` (what ``.grad`` holds now) may be used now without waiting for the device."""
         if not self.handover.holds(i):  # not a gradient handed over: the user's own, or none
             return True
-        return self.exchange.ended(i) if i in self.handover.unsettled else not self.exchange.in_flight(i)
+        handover = self.handover
+        return handover.ended(i) if i in handover.unsettled else not handover.in_flight(i)
 
     def request_zero(self, set_to_none: bool) -> None:
         """``zero_grad()``: ``.grad`` None at once with ``set_to_none`` (a queued step keeps the
@@ -140,7 +149,7 @@ class DeferredUpdates:
         self.handover.wait(indices, what)  # reduced, and settled: on CUDA the current stream waits for them
         if self.trace:
             self.trace.span("wait", what, started, time.perf_counter())
-        self.apply(sorted(i for i in self.queue if not self.exchange.in_flight(i)))
+        self.apply(sorted(i for i in self.queue if not self.handover.in_flight(i)))
 
     def apply(self, indices: Sequence[int]) -> None:
         """Apply the queues of ``indices`` (settled first), in the order the user called: one

@@ -14,14 +14,14 @@ answers, which NCCL's ordered point-to-point operations do not allow), DDP commu
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.architectures.allreduce import compressed
-from gradsched.runtime.architectures.base import Architecture, CommHook
+from gradsched.runtime.training.architecture import CommHook
 from gradsched.runtime.architectures.replicated import ReplicatedStepping
 from gradsched.runtime.architectures.servers.pushpull import PushPull
 from gradsched.runtime.architectures.servers.server import Server
@@ -31,12 +31,15 @@ from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.comm.transport import Issued, Transport
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.device import Device
-from gradsched.runtime.training.plane import Plane
+from gradsched.runtime.planning.link_model import LinkModel
+from gradsched.runtime.architectures.on_plane import OnDataPlane
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.updates import DeferredUpdates
 
 
-class ParameterServers(Architecture):
+class ParameterServers(OnDataPlane):
     name = "ps"
-    link_model = "ps"
     buffers_on_data_plane = False  # the data group holds the servers too
     comm_hook_refusal = "the servers reduce"
 
@@ -68,20 +71,14 @@ class ParameterServers(Architecture):
                             _dtypes(names, params), versions, wire_dtype(config.compression))
         return compressed(Issued(pushpull, device, topology.data), config)
 
-    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+    def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> ReplicatedStepping:
         return ReplicatedStepping(handover, updates)
 
-    def open(self, co: Any) -> Plane:
-        return Plane(co, self)
 
-    def link(self, latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:
-        """One direction of the link, from the estimate of messages timed from push to pull.
-        Queued messages finish one direction's time apart (the pushes of later messages overlap
-        the pulls of earlier ones), so the queued fit's cost per byte and per message are
-        already one direction's; a lone message's fixed time holds two latencies and two
-        per-message costs (its push, then its pull)."""
-        return max(0.0, latency / 2 - per_message), seconds_per_byte, per_message
+    def link_model(self) -> LinkModel:
+        """Messages timed from push to pull, spread over the servers."""
+        return LinkModel(sim="ps", servers=self.servers, one_direction=True)
 
     def serve(self, model: nn.Module, names: Sequence[str], params: Sequence[torch.Tensor],
               config: RuntimeConfig, topology: Topology) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.architectures.allreduce import compressed
-from gradsched.runtime.architectures.base import Architecture, CommHook
+from gradsched.runtime.training.architecture import CommHook
 from gradsched.runtime.architectures.sharded.full import MiB, FullyShardedStep, Gatherer
 from gradsched.runtime.architectures.sharded.shards import ReduceScatter, ShardedLayout, Shards
 from gradsched.runtime.architectures.sharded.stepping import ShardedStep, check_elementwise
@@ -38,7 +38,10 @@ from gradsched.runtime.comm.topology import Topology
 from gradsched.runtime.comm.transport import Issued, Transport
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.device import Device
-from gradsched.runtime.training.plane import Plane
+from gradsched.runtime.architectures.on_plane import OnDataPlane
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.updates import DeferredUpdates
 
 
 def _bytes(mib: float) -> int:
@@ -46,7 +49,7 @@ def _bytes(mib: float) -> int:
     return max(1, int(mib * MiB))
 
 
-class Sharded(Architecture):
+class Sharded(OnDataPlane):
     name = "sharded"
     hands_out_dtensors = True
     comm_hook_refusal = "messages are reduce-scattered"
@@ -98,13 +101,11 @@ class Sharded(Architecture):
         shards = self.shards
         return lambda plan: ShardedLayout(shards)
 
-    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+    def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> ShardedStep:
         return ShardedStep(self.shards, exchange, partial(getattr, topology, "data"), handover, updates,
                            config.timeout)
 
-    def open(self, co: Any) -> Plane:
-        return Plane(co, self)
 
 
 class FullySharded(Sharded):
@@ -127,7 +128,7 @@ class FullySharded(Sharded):
         return refused + [f"architecture='fully_sharded' does not support {what} yet; use architecture='sharded'"
                           for failed, what in more if failed]
 
-    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+    def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> FullyShardedStep:
         group = topology.gathers
         pairwise = pairwise_for(group)

@@ -44,6 +44,7 @@ from gradsched.runtime.device import Device
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.hooks import Hook
 from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates
 
 MiB = 1 << 20
@@ -223,7 +224,7 @@ class FullyShardedStep(ShardedStep):
         self._accumulated: dict[int, int] = {}  # unit -> its parameters' gradients accumulated in this backward
         self._taken: set[str] = set()  # state_dict keys load_state_dict() took into the shards
 
-    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
         units = [list(idx) for idx in waits.of.values()]
         shared = {waits.name[m] or "the model" for m, idx in waits.of.items()
                   for i in idx if sum(i in other for other in units) > 1}

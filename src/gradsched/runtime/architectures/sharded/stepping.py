@@ -1,5 +1,5 @@
 """The training thread's side of ``architecture="sharded"`` (:mod:`gradsched.runtime.architectures.sharded.shards`):
-a :class:`~gradsched.runtime.architectures.base.Stepping`.
+a :class:`~gradsched.runtime.training.architecture.Stepping`.
 
 * ``step()`` waits until every message of the round is reduce-scattered (this rank then holds
   the average of its shard of every gradient), runs the user's optimizer on this rank's
@@ -37,6 +37,7 @@ from gradsched.runtime.comm.wire_format import StateKeys
 from gradsched.runtime.architectures.sharded.shards import Shards
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import Handover, plain
+from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 
 #: Optimizers whose update of an element reads only that element (and its own state): run on
@@ -93,7 +94,7 @@ class ShardedStep:
         self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
         handover.reduced_grad = lambda i, _: shards.grad_of(i)  # .grad: this rank's shard of the average
 
-    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
         """Before autograd accumulates into a parameter whose ``.grad`` is this rank's averaged
         shard (a DTensor: a plain gradient cannot be added to it), that shard is set aside and
         ``.grad`` emptied; it is added to the next average once reduced, as DDP's ``.grad`` adds

@@ -1,44 +1,58 @@
-"""What varies by architecture, as one object chosen once per wrap.
+"""What varies by architecture, as one object chosen once per wrap: the interface, below the
+training thread's objects that use it and the architectures that implement it.
 
 An *architecture* is a way of averaging gradients over the ranks: all-reduce among the
 workers, parameter servers, sharded (every rank owns 1/n of each parameter and of its
-optimizer state), and, after the hand-off, DDP's own C++ reducer. The frontend builds one
-from the user's options (:func:`gradsched.runtime.architectures.choice.choose`, the only place
-that reads the option's name) and hands it in; nothing else asks which one it holds. It
-answers, for the ranks of one wrapped model:
+optimizer state), fully sharded, and, after the hand-off, DDP's own C++ reducer. The frontend
+builds one from the user's options (:func:`gradsched.runtime.architectures.choice.choose`, the
+only place that reads the option's name, from the one list in
+:mod:`gradsched.core.architectures`) and hands it in; nothing else asks which one it holds.
 
-* what it refuses and why, before any collective (:meth:`Architecture.refusals`,
-  :meth:`~Architecture.check_optimizer`, :attr:`~Architecture.comm_hook_refusal`,
-  :attr:`~Architecture.join_refusal`);
-* who takes which role (:attr:`~Architecture.servers`, :meth:`~Architecture.serve`);
-* what the scheduler plans over and how a message travels (:meth:`~Architecture.specs`,
-  :meth:`~Architecture.transport`, :meth:`~Architecture.layout`), and how plans model the link
-  (:attr:`~Architecture.link_model`, :meth:`~Architecture.link`);
-* what ``step()``, a module's forward pass and clipping do with the reduced gradients, and who
-  owns which memory (:meth:`~Architecture.stepping`: a :class:`Stepping`);
-* whether the measured trial can be predicted (:attr:`~Architecture.predicts_trial`) and its
-  kept buckets handed to DDP's reducer (:meth:`~Architecture.handed_off`, which returns the
-  architecture that reduces from then on: the hand-off swaps the object).
+The order in which the runtime asks (each step may rely on the ones before it):
 
-This module is low in the layering: the training thread's objects use the interface, the
-modules that implement it (``allreduce``, ``servers``, ``sharded``, ``reducer``) build on them.
+1. at the wrap, before any collective: :meth:`Architecture.refusals`,
+   :meth:`~Architecture.check_optimizer` (again whenever an optimizer is bound later),
+   :attr:`~Architecture.comm_hook_refusal`;
+2. the process groups it needs (:attr:`~Architecture.servers`,
+   :attr:`~Architecture.hands_out_dtensors`, :attr:`~Architecture.gathers_parameters`), made
+   by the topology; on a server rank :meth:`~Architecture.serve`, and nothing more;
+3. on a worker, :meth:`~Architecture.open` with the run's record
+   (:class:`~gradsched.runtime.training.run.Run`): the *backend* that reduces. On gradsched's
+   data plane (:class:`~gradsched.runtime.architectures.on_plane.OnDataPlane`, the default of
+   every architecture a user names) the plane then asks, in this order:
+   :meth:`~Architecture.specs` (what the scheduler plans over; an architecture may keep what it
+   learns here for the calls after), :meth:`~Architecture.hold_bytes`,
+   :meth:`~Architecture.link_model`, :meth:`~Architecture.layout`,
+   :meth:`~Architecture.transport`, :meth:`~Architecture.stepping` (a :class:`Stepping`, whose
+   hooks go on after the plane's own), :attr:`~Architecture.buffers_on_data_plane`;
+4. while training: :attr:`~Architecture.join_refusal` when ``join()`` is entered, and at the
+   hand-off point after the measured trial kept DDP-style buckets,
+   :meth:`~Architecture.handed_off`: the architecture that reduces from then on (the hand-off
+   swaps the object; the run's record stays).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import torch
+from torch import nn
+from torch.distributed.algorithms.join import Joinable
 
-if TYPE_CHECKING:  # types only: the architectures build on these modules, not they on it
-    from gradsched.core.task import TensorSpec
-    from gradsched.runtime.comm.plans import PlanVersions
-    from gradsched.runtime.comm.topology import Topology
-    from gradsched.runtime.comm.transport import Transport
-    from gradsched.runtime.config import RuntimeConfig
-    from gradsched.runtime.device import Device
-
-CommHook = tuple[Any, Callable]  # (state, hook): a DDP communication hook
+from gradsched.core.plan import Plan
+from gradsched.core.task import TensorSpec
+from gradsched.runtime.comm.exchange import Exchange
+from gradsched.runtime.comm.plans import PlanVersions
+from gradsched.runtime.comm.topology import Topology
+from gradsched.runtime.comm.transport import Transport
+from gradsched.runtime.config import RuntimeConfig
+from gradsched.runtime.device import Device
+from gradsched.runtime.planning.link_model import LinkModel
+from gradsched.runtime.training.inflight import Handover
+from gradsched.runtime.training.join import Iteration
+from gradsched.runtime.training.run import CommHook, Run
+from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
+from gradsched.runtime.training.waits import ModuleWaits
 
 
 class Stepping(Protocol):
@@ -46,7 +60,7 @@ class Stepping(Protocol):
     ``step()``, a module's forward pass, ``synchronize()``, clipping and the optimizer's
     checkpoint do with the reduced gradients."""
 
-    def attach(self, params: Sequence[torch.Tensor], waits: Any) -> list[Any]:
+    def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
         """Hooks of its own on the parameters and on the modules of ``waits`` (the Dependency
         Proxy's map: :class:`~gradsched.runtime.training.waits.ModuleWaits`); their handles,
         removed with the plane's. Registered after the plane's own."""
@@ -55,7 +69,7 @@ class Stepping(Protocol):
         """The plane closes (its hooks removed): leave the parameters as the model holds them
         without this architecture; with ``wait`` every rank closes alike (collectives allowed)."""
 
-    def step(self, snapshot: Any, plan: Any) -> None:
+    def step(self, snapshot: Snapshot, plan: Plan) -> None:
         """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
 
     def local_gradient(self, i: int) -> None:
@@ -86,24 +100,25 @@ class Stepping(Protocol):
 
 
 class Backend(Protocol):
-    """What reduces for a coordinator (:meth:`Architecture.open`): gradsched's data plane, or
-    DDP's reducer after the hand-off. The coordinator calls nothing else, and asks nothing of
-    which it holds."""
+    """What reduces for the coordinator (:meth:`Architecture.open`): gradsched's data plane, or
+    DDP's reducer after the hand-off. It borrows the run's record and holds only what dies
+    with it; the coordinator calls nothing else, and asks nothing of which it holds."""
 
-    updates: Any  # the user's optimizer, applied per parameter (DeferredUpdates)
-    planner: Any  # the plans, the trial and what they measured (after the hand-off: as they ended)
-    exchange: Any  # the data plane's messages and link estimate (as above)
-    tensors: Any  # what the plans are made over
-    waits: Any  # the Dependency Proxy's map of modules to parameters
-    uneven: Any  # the Joinable of join()
-    joined: bool  # this rank has joined (join()) and shadows the others
+    @property
+    def uneven(self) -> Joinable:
+        """The Joinable of ``join()``."""
+
+    @property
+    def joined(self) -> bool:
+        """This rank has joined (``join()``) and shadows the others."""
 
     def attach(self) -> None: ...
     def step(self) -> None: ...
     def synchronize(self) -> None: ...
     def set_sync(self, enabled: bool) -> None: ...
     def forward_param_sync(self, enabled: bool | None = None) -> bool: ...
-    def shadow(self, iteration: Any) -> None: ...
+    def control_point(self, round_index: int) -> None: ...
+    def shadow(self, iteration: Iteration) -> None: ...
     def broadcast_buffers(self, source: int) -> None: ...
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor: ...
@@ -111,9 +126,13 @@ class Backend(Protocol):
     def full_state_dict(self) -> dict: ...
     def idle(self) -> bool: ...
 
-    def opened_in_forward(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def opened_in_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         """What its own forward pre-hook would have done for the forward pass that is starting
         (it was opened in that pass's first pre-hook, after its own hooks were chosen)."""
+
+    def retire(self) -> None:
+        """Hand over to the next backend (every reduction complete): hooks off, threads stopped,
+        memory of its own let go; what it measured is in the run's record already."""
 
     def close(self, wait: bool) -> None:
         """Detach; with ``wait``, first finish the communication in flight."""
@@ -126,8 +145,6 @@ class Architecture:
     """The interface, with what every architecture on gradsched's data plane shares as defaults."""
 
     name: ClassVar[str]  # as the user names it: architecture=...
-    link_model: ClassVar[str] = "allreduce"  # what plans (the simulator) model a message's link as
-    predicts_trial: ClassVar[bool] = False  # the simulator predicts the measured trial (the link is probed)
     hands_out_dtensors: ClassVar[bool] = False  # .grad is a DTensor: a process group for torch's collectives on it
     gathers_parameters: ClassVar[bool] = False  # parameters freed between uses: a process group for their gathers
     buffers_on_data_plane: ClassVar[bool] = True  # buffers broadcast on the user's backend (the "broadcasts"
@@ -164,27 +181,29 @@ class Architecture:
         the launcher (None: no bound; the gradients live in the plan's buffers anyway)."""
         return None
 
-    def layout(self) -> Callable[[Any], Any] | None:
+    def layout(self) -> Callable[[Plan], Any] | None:
         """Where a plan's messages travel from (None: the default, flat buffers the gradients live in)."""
         return None
 
-    def stepping(self, exchange: Any, handover: Any, updates: Any, topology: Topology,
+    def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> Stepping:
         """The training thread's side (:class:`Stepping`)."""
         raise NotImplementedError
 
-    def link(self, latency: float, seconds_per_byte: float, per_message: float) -> tuple[float, float, float]:
-        """The link the simulator plans on, from the estimate of the messages timed so far."""
-        return latency, seconds_per_byte, per_message
+    def link_model(self) -> LinkModel:
+        """How plans (the simulator) model a message's link, and whether the measured trial is
+        predicted on a probed link."""
+        return LinkModel()
 
     # -- the coordinator's backend -------------------------------------------------------------
-    def open(self, co: Any) -> Any:
-        """What reduces for the coordinator ``co`` under this architecture: gradsched's data plane
-        (:class:`~gradsched.runtime.training.plane.Plane`) or DDP's reducer after the hand-off."""
+    def open(self, run: Run) -> Backend:
+        """What reduces for ``run`` under this architecture: gradsched's data plane (every
+        architecture a user names: :class:`~gradsched.runtime.architectures.on_plane.OnDataPlane`)
+        or DDP's reducer after the hand-off."""
         raise NotImplementedError
 
     # -- roles and the hand-off --------------------------------------------------------------
-    def serve(self, model: torch.nn.Module, names: Sequence[str], params: Sequence[torch.Tensor],
+    def serve(self, model: nn.Module, names: Sequence[str], params: Sequence[torch.Tensor],
               config: RuntimeConfig, topology: Topology) -> None:
         """A server rank's whole part: serve until the workers are done, then return."""
         raise NotImplementedError(f"{self!r} has no server ranks")
