@@ -145,6 +145,22 @@ def test_the_gpu_figures_in_the_pages_are_what_the_gpu_run_wrote():
         assert f"{drained:.1f}" in page and f"{hidden:.0%}" in page, name
 
 
+def test_the_gpu_rerun_after_the_ownership_change_is_what_it_wrote():
+    """docs/cuda.md: the correctness parts run again on the GPU after issue 56."""
+    check = figure("gpu-check-issue56")
+    page = " ".join(PAGES["docs/cuda.md"].split())
+    rows = {r["check"]: r for r in check["rows"]}
+    judged = [r for r in check["rows"] if r["ok"] is not None]
+    assert all(r["ok"] for r in judged) and f"all {len(judged)} judged rows passed" in page
+    assert f"{check['setting']['seconds']:.0f} s, `docs/figures/gpu-check-issue56.json`" in page
+    profile = rows["profile a sleeping layer"]
+    assert f"{20 * profile['forward_ratio']:.1f}/{40 * profile['backward_ratio']:.1f} ms" in page
+    syncs = rows["host_syncs on the training thread per iteration"]
+    assert f"{syncs['gradsched']} times an iteration (DDP {syncs['ddp']})" in page
+    calls = rows["host_syncs gradsched's Python calls per iteration"]["calls"]
+    assert f"{calls:.0f} calls" in page
+
+
 def test_the_online_tuning_table_is_what_its_json_prints():
     runs = [("ResNet-50", figure("tune-online-resnet50")),
             ("ResNet-50 ({ddp}), poor start, no fallback", figure("tune-online-resnet50-poor-start")),
