@@ -427,9 +427,9 @@ class Program(RuleBasedStateMachine):
     def read_grads(self) -> None:
         self.call("read_grads")
 
-    @rule(seed=SEEDS)
-    def set_grads(self, seed: int) -> None:
-        self.call("set_grads", seed=seed)
+    @rule(seed=SEEDS, same=st.booleans())
+    def set_grads(self, seed: int, same: bool = False) -> None:
+        self.call("set_grads", seed=seed, same=same)
         self.grads = True
         self.averaged = False
 

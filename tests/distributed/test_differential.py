@@ -128,6 +128,15 @@ FOUND = {
         [("step", {"closure_seed": 35, "use_side": [False, True]}), ("set_grads", {"seed": 0}),
          ("step", {"closure_seed": None, "use_side": [False, False]}), zero("zero_"), ("checkpoint", {})]),
     #   (the queued step read the user's gradient when applied: zeros by then; found with parameter servers)
+    "sharded: step() on the same gradients set by hand on every rank, before any backward pass": (
+        config(architecture="sharded", policy="bytescheduler", optimizer="adamw-groups"),
+        [("set_grads", {"seed": 1, "same": True}), STEP, zero("optimizer"), train(2), STEP, READ, ("checkpoint", {})]),
+    #   (GradschedError: step() on gradients this rank holds alone; torch.distributed.checkpoint's
+    #   get_state_dict makes a fresh optimizer's state this way, with zeros)
+    "fully sharded: step() on the same gradients set by hand after steps that synced": (
+        config(architecture="fully_sharded", policy="prophet", optimizer="adamw-groups", emulated=True),
+        [train(3), STEP, zero("optimizer"), ("set_grads", {"seed": 2, "same": True}), STEP, train(4), STEP,
+         ("checkpoint", {})]),
 }
 
 #: ... and with a parameter server (ServerProgram)

@@ -46,6 +46,12 @@ def check(reports_: list[dict], world: int, cases: int) -> None:
                 assert result["scales"] == result["ddp_scales"] and result["scales"][0] < 2.0 ** 127, where
             if "state_diff" in result:  # the joined shards equal DDP's optimizer state
                 assert result["state_diff"] <= TOLERANCE[world], where
+            if "live_state_grew" in result:  # full_state_dict(): whole on rank 0 alone, the live state untouched
+                assert result["live_state_grew"] == 0, where
+                assert result["joined_here"] == (result["ddp_state_elements"] if rank == 0 else 0), where
+                other = (rank + 1) % world  # another rank's part, loaded here: refused, saying what to do
+                assert f"rank {other}'s part of a sharded optimizer's state" in result["refused"], where
+                assert "optimizer.full_state_dict()" in result["refused"], where
             if result["ddp_state"]:  # 1/n of DDP's optimizer state, rounding to whole rows aside
                 assert result["state"] <= result["ddp_state"] / world * 1.02 + 64, where
                 assert result["state"] < result["ddp_state"], where

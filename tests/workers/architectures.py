@@ -241,7 +241,7 @@ def checkpoint_side(run: Run, ours: bool) -> dict | None:
         train(run, model, opt, sched, range(half), True)
         # fully sharded: each parameter this rank's shard (a DTensor), joined on every rank
         saved = {"model": {k: v.full_tensor() if isinstance(v, DTensor) else v.clone()
-                           for k, v in model.state_dict().items()}, "optimizer": opt.full_state_dict(),
+                           for k, v in model.state_dict().items()}, "optimizer": opt.full_state_dict(rank0_only=False),
                  "scheduler": sched.state_dict()}
     finally:
         run.close(opt)

@@ -321,10 +321,11 @@ class Side:
     def read_grads(self) -> Any:
         return [plain(p.grad) for p in self.params()]
 
-    def set_grads(self, seed: int) -> None:
+    def set_grads(self, seed: int, same: bool = False) -> None:
         """Gradients set by hand (each rank its own: nothing averages them), as code that
-        computes its own gradients does."""
-        g = torch.Generator().manual_seed(7000 + 10 * seed + self.rank)
+        computes its own gradients does; with ``same`` every rank the same ones (as
+        torch.distributed.checkpoint's zeros)."""
+        g = torch.Generator().manual_seed(7000 + 10 * seed + (0 if same else self.rank))
         for p in self.params():
             if p.requires_grad:
                 p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
@@ -360,7 +361,7 @@ class Side:
         scheduled = self.optimizer if self.api == "wrap" else getattr(self.model, "optimizer", None)
         if self.reference or self.config["architecture"] == "allreduce" or scheduled is None:
             return self.optimizer.state_dict()  # (the DDP API binds the optimizer when it first steps)
-        return scheduled.full_state_dict()
+        return scheduled.full_state_dict(rank0_only=False)  # compared on every rank
 
     def checkpoint(self) -> Any:
         """``state_dict()`` of the model and the optimizer, kept for :meth:`restore`."""

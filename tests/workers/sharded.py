@@ -153,7 +153,23 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
     model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
     sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
     run(model, ours, sched, data[:half], None)
-    full = ours.full_state_dict()
+    mine = ours.state_dict()  # this rank's part: loading another rank's is refused, with what to do
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    try:
+        ours.load_state_dict(parts[(dist.get_rank() + 1) % len(parts)])
+        refused = None
+    except gradsched.GradschedError as error:
+        refused = str(error)
+    ours.load_state_dict(mine)  # its own part loads
+    live = state_elements(ours._inner)  # this rank's shards of the optimizer's state
+    full = ours.full_state_dict()  # whole on rank 0; the others hold no state of it
+    joined_here = sum(v.numel() for entry in full["state"].values() for v in entry.values()
+                      if torch.is_tensor(v) and v.dim() > 0)
+    grew = state_elements(ours._inner) - live  # the live state must stay the shards
+    received = [full]  # the DDP user's habit: rank 0 saves, every rank loads that file
+    dist.broadcast_object_list(received, src=0)
+    full = received[0]
     state = net.state_dict()  # fully sharded: each parameter this rank's shard (a DTensor), as FSDP2's
     sharded = copy.deepcopy(state)
     whole = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
@@ -174,7 +190,9 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
     run(model, ours, sched, data[half:], None)
     ours.close()  # every parameter whole
     result = against(net, reference, initial)
-    result.update(state_diff=differences(full["state"], ddp_half["state"]), state=0, ddp_state=0)
+    result.update(state_diff=differences(full["state"], ddp_half["state"]), state=0, ddp_state=0,
+                  live_state_grew=grew, joined_here=joined_here, ddp_state_elements=state_elements(opt),
+                  refused=refused)
     return result
 
 

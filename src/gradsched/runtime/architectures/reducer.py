@@ -198,7 +198,13 @@ class ReducerBackend:
             raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {value}")
         torch.nn.utils.clip_grad_value_([p for p in self.run.params if p.grad is not None], value)
 
-    def full_state_dict(self) -> dict:
+    def state_saved(self, state_dict: dict) -> None:
+        """Nothing: every rank holds the whole state."""
+
+    def state_loading(self, state_dict: dict) -> None:
+        """Nothing: any rank's state loads anywhere, as under DDP."""
+
+    def full_state_dict(self, rank0_only: bool) -> dict:
         return self.run.updates.optimizer.state_dict()
 
     def idle(self) -> bool:

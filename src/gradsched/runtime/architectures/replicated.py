@@ -52,7 +52,7 @@ class ReplicatedStepping:
     def close(self, wait: bool) -> None:
         """Nothing: the parameters are the model's own throughout."""
 
-    def step(self, snapshot: Snapshot, plan: Plan) -> None:
+    def step(self, snapshot: Snapshot, plan: Plan, reduced: bool) -> None:
         if not plan.cross_barrier:  # like DDP: wait, then update all
             self.updates.wait_and_apply(self.everything, "all parameters")
             self.updates.apply_now(self.everything, snapshot)
@@ -78,5 +78,11 @@ class ReplicatedStepping:
     def clip_value(self, value: float) -> None:
         self.handover.clip_value(value)
 
-    def full_state_dict(self) -> dict:  # the coordinator synchronized first
+    def full_state_dict(self, rank0_only: bool) -> dict:  # the coordinator synchronized first; whole everywhere
         return self.updates.optimizer.state_dict()
+
+    def state_saved(self, state_dict: dict) -> None:
+        """Nothing: every rank holds the whole state."""
+
+    def state_loading(self, state_dict: dict) -> None:
+        """Nothing: any rank's state loads anywhere, as under DDP."""

@@ -159,11 +159,14 @@ class ScheduledOptimizer(torch.optim.Optimizer, JoinsUnevenInputs):
         self._coordinator.synchronize()
         return self._inner.state_dict()
 
-    def full_state_dict(self) -> dict[str, Any]:
-        """``state_dict()`` as the wrapped optimizer holds it without sharding: under
-        ``architecture="sharded"`` every rank's shards joined (a collective: call it on every
-        rank), loadable into a plain optimizer of the same kind; else ``state_dict()``."""
-        return self._coordinator.full_optimizer_state_dict()
+    def full_state_dict(self, rank0_only: bool = True) -> dict[str, Any]:
+        """``state_dict()`` as the wrapped optimizer holds it without sharding, loadable into a
+        plain optimizer of the same kind and into this one on any rank (save on rank 0, load
+        everywhere). Under the sharded architectures every rank's shards are joined (a
+        collective: call it on every rank), on rank 0 only by default (the others get the
+        parameter groups and an empty ``state``, and no rank's live state grows); with
+        ``rank0_only=False`` on every rank. Else ``state_dict()``."""
+        return self._coordinator.full_optimizer_state_dict(rank0_only)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
         self._coordinator.synchronize()

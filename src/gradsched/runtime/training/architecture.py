@@ -69,8 +69,9 @@ class Stepping(Protocol):
         """The plane closes (its hooks removed): leave the parameters as the model holds them
         without this architecture; with ``wait`` every rank closes alike (collectives allowed)."""
 
-    def step(self, snapshot: Snapshot, plan: Plan) -> None:
-        """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan)."""
+    def step(self, snapshot: Snapshot, plan: Plan, reduced: bool) -> None:
+        """``optimizer.step()`` after the round's backward pass closed (``plan``: its plan;
+        ``reduced``: a backward pass communicated since the previous step, on every rank alike)."""
 
     def local_gradient(self, i: int) -> None:
         """A backward pass that does not communicate (``no_sync()``) added to parameter ``i``'s gradient."""
@@ -94,9 +95,17 @@ class Stepping(Protocol):
     def clip_value(self, value: float) -> None:
         """``clip_grad_value_`` over the averaged gradients."""
 
-    def full_state_dict(self) -> dict:
+    def full_state_dict(self, rank0_only: bool) -> dict:
         """The optimizer's ``state_dict()`` as the same optimizer holds it without this architecture
-        (called once everything is synchronized)."""
+        (called once everything is synchronized; where it must be joined, on rank 0 only with
+        ``rank0_only``)."""
+
+    def state_saved(self, state_dict: dict) -> None:
+        """The optimizer's ``state_dict()`` was just made: mark what only this rank can load."""
+
+    def state_loading(self, state_dict: dict) -> None:
+        """``load_state_dict(state_dict)`` is about to run: refuse (a ``GradschedError`` saying what
+        to do) a state this rank cannot use; take off the marks of :meth:`state_saved`."""
 
 
 class Backend(Protocol):
@@ -123,7 +132,9 @@ class Backend(Protocol):
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor: ...
     def clip_value(self, value: float) -> None: ...
-    def full_state_dict(self) -> dict: ...
+    def full_state_dict(self, rank0_only: bool) -> dict: ...
+    def state_saved(self, state_dict: dict) -> None: ...
+    def state_loading(self, state_dict: dict) -> None: ...
     def idle(self) -> bool: ...
 
     def opened_in_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:

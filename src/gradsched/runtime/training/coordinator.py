@@ -49,6 +49,7 @@ class Coordinator:
         self._closed = False
         self.backend: Backend = architecture.open(run)  # the one reducing now
         self._handles: list[Any] = []
+        self._optimizer_handles: list[Any] = []
         try:  # nothing of a half-built coordinator may outlive it: hooks, threads
             run.watch()
             self.backend.attach()
@@ -57,6 +58,7 @@ class Coordinator:
                                                              prepend=True),
                              model.register_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize())),
                              model.register_load_state_dict_pre_hook(Hook(lambda *a, **k: self.synchronize()))]
+            self._watch_checkpoints(run.updates.optimizer)
         except BaseException:
             self._abandon()
             raise
@@ -128,6 +130,16 @@ class Coordinator:
         """Apply ``optimizer`` from now on (the model was wrapped before it existed)."""
         self.architecture.check_optimizer(optimizer)
         self.run.updates.optimizer = optimizer
+        self._watch_checkpoints(optimizer)
+
+    def _watch_checkpoints(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """The backend marks the optimizer's ``state_dict()`` and checks what ``load_state_dict()``
+        is given (a sharded rank refuses another rank's part)."""
+        for handle in self._optimizer_handles:
+            handle.remove()
+        self._optimizer_handles = [] if optimizer is None else [
+            optimizer.register_state_dict_post_hook(lambda opt, state: self.backend.state_saved(state)),
+            optimizer.register_load_state_dict_pre_hook(lambda opt, state: self.backend.state_loading(state))]
 
     def zero_grad(self, set_to_none: bool) -> None:
         self.check_in_use("zero_grad()")
@@ -154,11 +166,12 @@ class Coordinator:
         """Clamp every gradient, each once its reduction is complete (nothing waits now)."""
         self.backend.clip_value(clip_value)
 
-    def full_optimizer_state_dict(self) -> dict:
+    def full_optimizer_state_dict(self, rank0_only: bool = True) -> dict:
         """The optimizer's state as the same optimizer holds it without sharding (a collective
-        under architecture='sharded'; the optimizer's own ``state_dict()`` otherwise)."""
+        under the sharded architectures, joined on rank 0 only with ``rank0_only``; the
+        optimizer's own ``state_dict()`` otherwise)."""
         self.synchronize()
-        return self.backend.full_state_dict()
+        return self.backend.full_state_dict(rank0_only)
 
     def synchronize(self) -> None:
         if not self._closed:
@@ -222,6 +235,7 @@ class Coordinator:
         self._closed = self.run.life.closed = True
         for handle in self._handles:
             handle.remove()
+        self._watch_checkpoints(None)
         if self.run.peers is not None:
             self.run.peers.stop()
         self.backend.close(wait=False)
@@ -241,6 +255,7 @@ class Coordinator:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            self._watch_checkpoints(None)
             for release in self.on_close:  # what the objects users hold let go of (DistributedDataParallel's)
                 release()
             self.backend.stop(wait)  # every object lets go of the groups it used (DDP, and through it the model)

@@ -73,6 +73,7 @@ class Plane:
         config, topology = run.config, run.topology
         self.current = Round(run.life)  # the run's: the count goes on after a hand-off
         self.closed = False
+        self._stepped_after = 0  # the round the latest step() followed
         self.broken = False  # a round that can never complete: close() must not wait for it
         self.handover = Handover(run.params, self.exchange)
         run.updates.serve(self.handover)  # the run's optimizer applier waits for this plane's reductions
@@ -152,8 +153,9 @@ class Plane:
     def step(self) -> None:
         """``optimizer.step()``: close the round; update each parameter once it is reduced."""
         self.close_round()
-        self.stepping.step(self.run.updates.snapshot(), self.exchange.plan_for(max(self.round, 1)))  # (0: gradients
-        #   set by hand before any backward pass: nothing in flight, the first round's plan as good as any)
+        reduced, self._stepped_after = self.round != self._stepped_after, self.round
+        self.stepping.step(self.run.updates.snapshot(), self.exchange.plan_for(max(self.round, 1)), reduced)  # (0:
+        #   gradients set by hand before any backward pass: nothing in flight, the first round's plan as good as any)
         self.current.life.stepped()
         if not self.uneven.enabled:  # inside join(): at the next announcement (gradsched.runtime.training.join)
             self.control_point(self.round)
@@ -174,8 +176,14 @@ class Plane:
     def clip_value(self, value: float) -> None:
         self.stepping.clip_value(value)
 
-    def full_state_dict(self) -> dict:
-        return self.stepping.full_state_dict()
+    def full_state_dict(self, rank0_only: bool) -> dict:
+        return self.stepping.full_state_dict(rank0_only)
+
+    def state_saved(self, state_dict: dict) -> None:
+        self.stepping.state_saved(state_dict)
+
+    def state_loading(self, state_dict: dict) -> None:
+        self.stepping.state_loading(state_dict)
 
     def broadcast_buffers(self, source: int) -> None:
         """Copy rank ``source``'s buffers to every worker: under way on return (:class:`BufferSync`)."""

@@ -40,6 +40,9 @@ from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 
+#: the entry of an optimizer's ``state_dict()`` that says whose shards it holds (rank, ranks)
+SHARDS_OF = "gradsched_shards_of"
+
 #: Optimizers whose update of an element reads only that element (and its own state): run on
 #: a shard they give exactly what they give on the whole tensor. Subclasses count as theirs.
 ELEMENTWISE = tuple(getattr(torch.optim, name) for name in (
@@ -135,20 +138,31 @@ class ShardedStep:
             p.grad = None
 
     # -- step ---------------------------------------------------------------------------------
-    def step(self, snapshot: Snapshot, plan: Plan) -> None:
-        """Update this rank's shards with ``snapshot``; queue the gathers of ``plan``'s messages."""
+    def step(self, snapshot: Snapshot, plan: Plan, reduced: bool) -> None:
+        """Update this rank's shards with ``snapshot``; queue the gathers of ``plan``'s messages.
+
+        Gradients this rank holds whole and alone (set by hand, accumulated under ``no_sync()``,
+        none at all) are what DDP's replicas step with, each its own: where they are the same on
+        every rank (``torch.distributed.checkpoint`` sets zeros to make an optimizer's state, say),
+        each rank steps its shard with its part of them, as DDP's replicas step alike; where they
+        differ, DDP's replicas would part, which shards cannot, and the step is refused. Whether
+        they are the same is one collective, held where no backward pass communicated since the
+        previous step (``reduced`` False: every rank alike)."""
         everything = range(len(self.shards.params))
         self.wait_all()  # the previous step's gathers (a step without a forward between)
         self.shards.refresh()  # with compression: masters of parameters someone else wrote
         self.handover.wait(everything, "all gradients (the sharded step)")
-        own = [self.shards.names[i] for i, p in enumerate(self.shards.params)
+        own = [i for i, p in enumerate(self.shards.params)
                if p.grad is not None and not isinstance(plain(p.grad), DTensor)]
-        if own and self.updates.optimizer is not None:
+        if self.updates.optimizer is not None and ((own and reduced) or (not reduced and not self._alike(own))):
+            names = [self.shards.names[i] for i in own[:3]]
             raise GradschedError(
-                f"architecture='sharded': step() on gradients this rank holds alone, not averaged (e.g. {own[:3]}: "
-                "set by hand, or accumulated under no_sync() since the last backward pass that synced); each rank "
+                f"architecture='sharded': step() on gradients this rank holds alone, not averaged (e.g. {names}: "
+                "set by hand, or accumulated under no_sync() since the last backward pass that synced), "
+                f"{'after a backward pass that synced' if reduced else 'not the same on every rank'}; each rank "
                 "updates only its shard of every parameter, so the ranks cannot step apart as DDP's replicas then "
-                "do: step after a backward pass that synced, or use architecture='allreduce'")
+                "do: step after a backward pass that synced, set the same gradients on every rank, or use "
+                "architecture='allreduce'")
         if self.updates.optimizer is not None:
             with self._on_shards(everything):
                 self.updates.apply_now(everything, snapshot)
@@ -201,14 +215,20 @@ class ShardedStep:
                 entry[key] = value.detach().reshape(-1)[start:start + shard.numel()].clone()
         return entry
 
-    def full_state_dict(self) -> dict:
+    def full_state_dict(self, rank0_only: bool = True) -> dict:
         """The optimizer's ``state_dict()`` with every rank's shards joined: what the same optimizer
-        would hold without sharding, loadable into it. A collective: every rank calls it. Whole
-        on rank 0, which owns part of every parameter (a rank whose shard of a parameter is
-        empty, one smaller than the ranks, holds no state for it)."""
+        would hold without sharding, loadable into it (on every rank: the DDP habit of saving on
+        rank 0 and loading everywhere). A collective: every rank calls it. Whole on rank 0 (of the
+        data group) only with ``rank0_only`` (the others get the groups and no state, as FSDP's
+        full optimizer state on rank 0), on every rank without; the live state stays this rank's
+        shards either way (the joined tensors are the result's alone)."""
         optimizer, shards = self.updates.optimizer, self.shards
         self.wait_all()
         saved = optimizer.state_dict()  # this rank's shards, keyed by position in the groups
+        saved.pop(SHARDS_OF, None)  # (joined below: whole, loadable anywhere)
+        # torch's state_dict() shares each parameter's state dict with the optimizer: copies, so that
+        # the joined tensors replace nothing the optimizer holds
+        saved["state"] = {position: dict(entry) for position, entry in saved["state"].items()}
         positions = [p for group in optimizer.param_groups for p in group["params"]]
         here = {}  # (parameter index, key) -> the state entry holding it, for this rank's shard-sized tensors
         for position, p in enumerate(positions):
@@ -218,25 +238,60 @@ class ShardedStep:
                 if i is not None and torch.is_tensor(value) and value.dim() > 0 and \
                         value.numel() == shards.tensors[i].numel():
                     here[(i, key)] = entry
+        receives = shards.rank == 0 or not rank0_only
 
         def gather() -> None:  # on the launcher: the data group's order
             group = self.group()
             # a rank with an empty shard has no state for it; the keys travel in the wire format
             known = wire_format.all_gather("state_keys", StateKeys(sorted(here)), group)
             for i, key in sorted({tuple(k) for part in known for k in part.keys}):
-                p, c = shards.params[i], shards.size[i]
                 entry = here.get((i, key))
-                value = entry[key] if entry is not None else None
-                padded = torch.zeros(c, dtype=p.dtype if value is None else value.dtype, device=p.device)
-                if value is not None:
-                    padded[:value.numel()] = value.reshape(-1)
-                joined = padded.new_empty(c * shards.world)
-                torch_api.all_gather_single(joined, padded, group=group)
-                if entry is not None:
-                    entry[key] = joined[:p.numel()].view(p.shape).clone()
+                joined = self._joined(i, entry[key] if entry is not None else None, group, rank0_only)
+                if entry is not None and joined is not None:
+                    entry[key] = joined
 
         self.exchange.between_rounds(partial(self.device.run, self.group(), gather))
+        if not receives:
+            saved["state"] = {}
         return saved
+
+    def state_saved(self, state_dict: dict) -> None:
+        """This rank's part of the state: marked with whose it is (an entry torch's optimizers
+        ignore), so that loading it on another rank is refused rather than training wrong."""
+        state_dict[SHARDS_OF] = {"rank": self.shards.rank, "ranks": self.shards.world}
+
+    def state_loading(self, state_dict: dict) -> None:
+        """Refuse another rank's part (its shards are not this rank's, though they may have the
+        same sizes); a whole state (``full_state_dict()``, a run without sharding) loads anywhere."""
+        mark = state_dict.pop(SHARDS_OF, None)
+        here = {"rank": self.shards.rank, "ranks": self.shards.world}
+        if mark is not None and mark != here:
+            raise GradschedError(
+                f"optimizer.load_state_dict: this state is rank {mark['rank']}'s part of a sharded optimizer's state "
+                f"(of {mark['ranks']} ranks), and this is rank {here['rank']} of {here['ranks']}: each rank holds "
+                "only its shards, so each must load the part it saved (optimizer.state_dict() on every rank), or "
+                "save the whole state once with optimizer.full_state_dict() (joined on rank 0, loadable on every "
+                "rank), or use torch.distributed.checkpoint")
+
+    def _joined(self, i: int, value: torch.Tensor | None, group: dist.ProcessGroup,
+                rank0_only: bool) -> torch.Tensor | None:
+        """Parameter ``i``'s state tensor joined from every rank's shard (``value``: this rank's,
+        None where its shard is empty), in the parameter's shape; on rank 0 only with
+        ``rank0_only`` (None elsewhere)."""
+        p, c = self.shards.params[i], self.shards.size[i]
+        padded = torch.zeros(c, dtype=p.dtype if value is None else value.dtype, device=p.device)
+        if value is not None:
+            padded[:value.numel()] = value.reshape(-1)
+        if rank0_only:
+            parts = [torch.empty_like(padded) for _ in range(self.shards.world)] if self.shards.rank == 0 else None
+            dist.gather(padded, parts, group_dst=0, group=group)
+            if parts is None:
+                return None
+            joined = torch.cat(parts)
+        else:
+            joined = padded.new_empty(c * self.shards.world)
+            torch_api.all_gather_single(joined, padded, group=group)
+        return joined[:p.numel()].view(p.shape).clone()
 
     # -- waits ---------------------------------------------------------------------------------
     def wait(self, indices: Sequence[int], what: str) -> None:
@@ -265,11 +320,35 @@ class ShardedStep:
 
     # -- clipping ------------------------------------------------------------------------------
     def _local_grad(self, i: int) -> torch.Tensor:
-        """This rank's shard of parameter ``i``'s averaged gradient, flat: a view of ``.grad``'s
-        local part (the gradient's valid elements)."""
+        """This rank's shard of parameter ``i``'s gradient, flat: a view of ``.grad``'s local part
+        (the averaged gradient's valid elements), or of this rank's part of a whole gradient."""
         grad = plain(self.shards.params[i].grad)
-        local = grad.to_local() if isinstance(grad, DTensor) else grad
-        return local.reshape(-1)[:self.shards.tensors[i].numel()]
+        if isinstance(grad, DTensor):
+            return grad.to_local().reshape(-1)[:self.shards.tensors[i].numel()]
+        start = self.shards.start[i]
+        return grad.reshape(-1)[start:start + self.shards.tensors[i].numel()]
+
+    def _alike(self, own: Sequence[int]) -> bool:
+        """Whether every rank holds the same whole gradients (``own``: those this rank holds; the
+        same parameters, the same values), from the largest and the smallest of each element
+        over the ranks: one pair of all-reduces, in the data group's order."""
+        params = self.shards.params
+        mine = set(own)
+        parts = [torch.ones(1, dtype=torch.float64, device=params[0].device) if i in mine else
+                 torch.zeros(1, dtype=torch.float64, device=params[0].device) for i in range(len(params))]
+        parts += [plain(params[i].grad).detach().reshape(-1).to(torch.float64) if i in mine else
+                  torch.zeros(params[i].numel(), dtype=torch.float64, device=params[0].device)
+                  for i in range(len(params))]
+        largest = torch.cat(parts).nan_to_num(nan=math.pi)  # (NaN everywhere alike counts as alike)
+        smallest = largest.clone()
+
+        def compare() -> None:  # on the launcher: the data group's order
+            group = self.group()
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+
+        self.exchange.between_rounds(partial(self.device.run, self.group(), compare))
+        return torch.equal(largest, smallest)
 
     def _local_only(self) -> list[torch.Tensor] | None:
         """The parameters holding a gradient, if none is an averaged shard (all this rank's own: DDP
