@@ -21,13 +21,14 @@ import functools
 import math
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from gradsched.core.plan import Plan
 from gradsched.runtime import torch_api
@@ -42,6 +43,16 @@ from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 
 #: the entry of an optimizer's ``state_dict()`` that says whose shards it holds (rank, ranks)
 SHARDS_OF = "gradsched_shards_of"
+
+def _local_rows(value: Any) -> Any:
+    """A state value as the optimizer keeps it here: a DTensor's rows on this rank, flat (a
+    replicated one whole), anything else as it is."""
+    if not isinstance(value, DTensor):
+        return value
+    if all(placement.is_replicate() for placement in value.placements):
+        return value.to_local()
+    return value.to_local().reshape(-1)
+
 
 #: Optimizers whose update of an element reads only that element (and its own state): run on
 #: a shard they give exactly what they give on the whole tensor. Subclasses count as theirs.
@@ -95,6 +106,9 @@ class ShardedStep:
         self.timeout_s = timeout_s
         self._queued: Callable[[], list[tuple[list[int], _Gathered]]] | None = None
         self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
+        self._presenting = True  # state_dict() shows the shards as DTensors (not inside full_state_dict)
+        self._presented: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> a DTensor state_dict()
+        #   made here (by identity: tensors compare elementwise)
         handover.reduced_grad = lambda i, _: shards.grad_of(i)  # .grad: this rank's shard of the average
 
     def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
@@ -224,8 +238,11 @@ class ShardedStep:
         shards either way (the joined tensors are the result's alone)."""
         optimizer, shards = self.updates.optimizer, self.shards
         self.wait_all()
-        saved = optimizer.state_dict()  # this rank's shards, keyed by position in the groups
-        saved.pop(SHARDS_OF, None)  # (joined below: whole, loadable anywhere)
+        self._presenting = False  # this rank's shards as they are, keyed by position in the groups
+        try:
+            saved = optimizer.state_dict()
+        finally:
+            self._presenting = True
         # torch's state_dict() shares each parameter's state dict with the optimizer: copies, so that
         # the joined tensors replace nothing the optimizer holds
         saved["state"] = {position: dict(entry) for position, entry in saved["state"].items()}
@@ -256,22 +273,55 @@ class ShardedStep:
         return saved
 
     def state_saved(self, state_dict: dict) -> None:
-        """This rank's part of the state: marked with whose it is (an entry torch's optimizers
-        ignore), so that loading it on another rank is refused rather than training wrong."""
+        """This rank's part of the state, as FSDP2 holds its: each shard-sized tensor a
+        :class:`DTensor` ``Shard(0)`` of its parameter's shape (rows, as :mod:`.shards` cuts
+        them), so that ``torch.distributed.checkpoint`` saves each rank's rows and loads them
+        under any number of ranks or any architecture; and marked with whose part it is (an
+        entry torch's optimizers ignore), so that loading it on another rank is refused rather
+        than training wrong. The optimizer's own state is not touched (the per-parameter dicts
+        torch shares are replaced by copies)."""
+        if not self._presenting:
+            return
+        positions = [p for group in self.updates.optimizer.param_groups for p in group["params"]]
+        state = dict(state_dict["state"])
+        for position, entry in state.items():
+            i = self.shards.of_param.get(id(positions[position])) if position < len(positions) else None
+            if i is not None:
+                state[position] = {key: self._as_dtensor(i, value) for key, value in entry.items()}
+        state_dict["state"] = state
         state_dict[SHARDS_OF] = {"rank": self.shards.rank, "ranks": self.shards.world}
+
+    def _as_dtensor(self, i: int, value: Any) -> Any:
+        """``value`` as a DTensor ``Shard(0)`` of parameter ``i``'s shape if it is this rank's
+        shard of a state tensor (else as it is: a whole tensor loaded from a full state, a step)."""
+        p, shard = self.shards.params[i], self.shards.tensors[i]
+        if not (torch.is_tensor(value) and value.dim() > 0 and p.dim() > 0 and value.numel() == shard.numel()
+                and value.numel() != p.numel()):
+            return value
+        presented = DTensor.from_local(value.detach().view(-1, *p.shape[1:]), self.shards.mesh, [Shard(0)],
+                                       shape=p.shape, stride=p.stride(), run_check=False)
+        self._presented[id(presented)] = presented
+        return presented
 
     def state_loading(self, state_dict: dict) -> None:
         """Refuse another rank's part (its shards are not this rank's, though they may have the
-        same sizes); a whole state (``full_state_dict()``, a run without sharding) loads anywhere."""
+        same sizes); a whole state (``full_state_dict()``, a run without sharding) loads anywhere;
+        DTensors become this rank's rows. A state whose DTensors this rank handed out itself
+        (``torch.distributed.checkpoint`` loads into them in place) is this rank's whatever its
+        mark says (the checkpoint keeps one rank's)."""
         mark = state_dict.pop(SHARDS_OF, None)
         here = {"rank": self.shards.rank, "ranks": self.shards.world}
-        if mark is not None and mark != here:
+        values = [v for entry in state_dict.get("state", {}).values() for v in entry.values()]
+        mine = any(isinstance(v, DTensor) and self._presented.get(id(v)) is v for v in values)
+        if mark is not None and mark != here and not mine:
             raise GradschedError(
                 f"optimizer.load_state_dict: this state is rank {mark['rank']}'s part of a sharded optimizer's state "
                 f"(of {mark['ranks']} ranks), and this is rank {here['rank']} of {here['ranks']}: each rank holds "
                 "only its shards, so each must load the part it saved (optimizer.state_dict() on every rank), or "
                 "save the whole state once with optimizer.full_state_dict() (joined on rank 0, loadable on every "
                 "rank), or use torch.distributed.checkpoint")
+        state_dict["state"] = {position: {key: _local_rows(value) for key, value in entry.items()}
+                               for position, entry in state_dict.get("state", {}).items()}
 
     def _joined(self, i: int, value: torch.Tensor | None, group: dist.ProcessGroup,
                 rank0_only: bool) -> torch.Tensor | None:
