@@ -50,7 +50,7 @@ PAUSES = (0.0, 0.0, 0.002, 0.01, 0.03)  # seconds; the emulated collectives run 
 #: The refusals a program may meet: gradsched's documented GradschedErrors (docs/guide.md), each a
 #: pattern of its message. Anything else gradsched raises is a failure.
 REFUSALS: dict[str, str] = {
-    "sharded architectures refuse find_unused_parameters": r"does not support find_unused_parameters=True yet",
+    "fully sharded refuses find_unused_parameters": r"does not support find_unused_parameters=True",
     "sharded architectures refuse a communication hook": r"comm(unication)?[ _]hook",
     "fully sharded refuses compression": r"'fully_sharded' does not support compression='bf16' yet",
     "sharded: a later backward pass over a forward pass that communicated": r"a second backward pass over a forward",
@@ -215,10 +215,10 @@ def _describe(value: Any) -> str:
 # -- the programs ------------------------------------------------------------------------------
 @st.composite
 def configs(draw: Any) -> dict:
-    """A program's configuration. Sharded architectures refuse ``find_unused_parameters`` and
-    communication hooks (a documented GradschedError at the wrap): drawn there a quarter of the
-    time, to see the refusal. Sharded compression also rounds the parameters to the wire dtype (as
-    documented), which no DDP hook does: not drawn there (tests/distributed/test_sharded.py compares
+    """A program's configuration. Sharded architectures refuse communication hooks, and fully
+    sharded ``find_unused_parameters`` (a documented GradschedError at the wrap): drawn there a
+    quarter of the time, to see the refusal. Sharded compression also rounds the parameters to the
+    wire dtype (as documented), which no DDP hook does: not drawn there (tests/distributed/test_sharded.py compares
     it with its own reference); fully sharded refuses it, and is drawn with it to see the refusal."""
     architecture = draw(st.sampled_from(("allreduce", "allreduce", *ARCHITECTURES)))
     sharded = architecture != "allreduce"
@@ -228,7 +228,9 @@ def configs(draw: Any) -> dict:
         comm = "none"
     return {"api": draw(st.sampled_from(("ddp", "wrap"))), "policy": draw(st.sampled_from(POLICIES)),
             "architecture": architecture, "optimizer": draw(st.sampled_from(OPTIMIZERS)),
-            "scheduler": draw(st.booleans()), "find_unused": draw(rarely), "float64": draw(st.booleans()),
+            "scheduler": draw(st.booleans()),
+            "find_unused": draw(rarely if architecture == "fully_sharded" else st.booleans()),
+            "float64": draw(st.booleans()),
             "comm": comm, "handoff": draw(st.booleans()), "emulated": draw(st.booleans()),
             "seed": draw(st.integers(0, 3))}
 

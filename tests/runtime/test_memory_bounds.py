@@ -257,13 +257,43 @@ def test_fully_sharded_in_one_process_computes_what_the_model_computes(world_of_
         assert torch.equal(mine, theirs)
 
 
-def test_fully_sharded_refuses_tied_weights_naming_the_modules(world_of_one):
-    from gradsched.runtime import GradschedError
+class _Outer(nn.Module):
+    """A module whose weight its child shares, read again after the child's forward pass."""
 
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    model[1].weight = model[0].weight
-    with pytest.raises(GradschedError, match=r"modules \['0', '1'\] own a parameter together"):
-        gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "fifo", architecture="fully_sharded")
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.weight = self.inner.weight
+        self.last = nn.Linear(4, 4)
+        self.last.weight = self.inner.weight
+
+    def forward(self, x):
+        return self.last(self.inner(x) @ self.weight)
+
+
+def test_fully_sharded_puts_tied_weights_in_one_unit_whole_while_any_of_its_modules_runs(world_of_one):
+    """Tied weights (three modules, one inside another, sharing a weight) are one unit, as
+    FSDP2 makes them: whole from the first of its modules' forward passes to the end of the
+    outermost one (the child's end frees nothing its parent reads after it), and after the step
+    every parameter is freed again; the run computes what the unwrapped model computes."""
+    import copy
+
+    torch.manual_seed(0)
+    reference = _Outer()
+    model = copy.deepcopy(reference)
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "fifo",
+                                        architecture="fully_sharded")
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        for net, opt in ((wrapped, optimizer), (reference, ref_opt)):
+            net(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        assert whole_bytes(model) == 0
+    optimizer.close()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(mine, theirs)
 
 
 def test_fully_sharded_under_activation_checkpointing_computes_what_the_model_computes(world_of_one):

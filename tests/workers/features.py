@@ -2,7 +2,8 @@
 
     python -m workers.features OUT.json SCENARIO[,SCENARIO...]
 
-Scenarios: unused, frozen, tied, accumulate, clip, buffers, checkpoint, world-errors.
+Scenarios: unused, frozen, tied, accumulate, clip, buffers, checkpoint, world-errors; and
+tied-fully_sharded, unused-sharded, unused-fully_sharded (the same under those architectures).
 Each reports the largest difference to its DDP reference (parameters and buffers) and how
 far the parameters moved, so a test can tell "equal" from "nothing happened".
 """
@@ -124,9 +125,8 @@ def run_pair(make, scenario, rank, steps=6, **wrap_kwargs):
                                         replan_every=2, fallback=False, **wrap_kwargs)
             for step, batch in enumerate(data(rank, steps, tokens=isinstance(model, Tied))):
                 scenario(model, model, opt, batch, step, rank, wrapped=True)
-            opt.synchronize()
+            opt.close()  # (sharded: every parameter whole, the model the user's again)
             results[f"{policy}/{name}"] = compare(model, reference, initial)
-            opt.close()
     return results
 
 
@@ -282,6 +282,11 @@ def main() -> None:
             report[name] = run_pair(frozen, plain_step, rank)
         elif name == "tied":
             report[name] = run_pair(Tied, plain_step, rank)
+        elif name == "tied-fully_sharded":
+            report[name] = run_pair(Tied, plain_step, rank, architecture="fully_sharded")
+        elif name.startswith("unused-"):  # unused-sharded, unused-fully_sharded
+            report[name] = run_pair(Branchy, unused_step, rank, find_unused_parameters=True,
+                                    architecture=name.split("-", 1)[1])
         elif name == "accumulate":
             report[name] = run_pair(Plain, accumulate_step, rank)
         elif name == "clip":

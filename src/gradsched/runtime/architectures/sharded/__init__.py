@@ -12,8 +12,7 @@ module's forward pass waits for its own parameters' all-gathers.
 
 Plans model a message as one all-reduce's time (the link estimate learns its bytes' speed);
 the measured trial is decided by measurement alone. What it refuses: optimizers that need
-whole tensors, CUDA parameters (for now), non-contiguous parameters, ``find_unused_parameters``,
-DDP communication hooks (messages are reduce-scattered), ``join()`` and the hand-off to DDP's
+whole tensors, parameters off the CPU (for now), non-contiguous parameters, DDP communication hooks (messages are reduce-scattered), ``join()`` and the hand-off to DDP's
 reducer (which would hold the whole state again). AMP's ``GradScaler`` works unchanged: its
 overflow check on the DTensor gradients is agreed over every rank's shards by torch.
 """
@@ -62,10 +61,10 @@ class Sharded(OnDataPlane):
         self.shards: Shards | None = None  # this rank's (built with the plans' specs)
 
     def refusals(self, params: Sequence[torch.Tensor], config: RuntimeConfig, backend: str) -> list[str]:
+        off_cpu = sorted({p.device.type for p in params} - {"cpu"})  # cuda, meta, ...
         refused = [
-            (any(p.device.type != "cpu" for p in params), "CUDA parameters (it runs on CPU tensors for now)"),
+            (bool(off_cpu), f"parameters on {', '.join(off_cpu)} (it runs on CPU tensors for now)"),
             (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
-            (config.find_unused_parameters, "find_unused_parameters=True"),
         ]
         return [f"architecture={self.name!r} does not support {what} yet; use architecture='allreduce'"
                 for failed, what in refused if failed]
@@ -122,6 +121,10 @@ class FullySharded(Sharded):
         own = all(s.nbytes() == p.numel() * p.element_size() for s, p in zip(storages, params)) and \
             len({s.data_ptr() for s in storages}) == len(params)
         more = [(config.compression is not None, f"compression={config.compression!r}"),
+                (config.find_unused_parameters, "find_unused_parameters=True (its parameters are gathered as each "
+                                                "module runs, so every rank must run the same modules in the same "
+                                                "order, as under FSDP2: a module unused on some ranks would be "
+                                                "gathered by the others alone)"),
                 (any(p.dim() == 0 for p in params), "0-dimensional parameters (a scalar cannot be cut by rows)"),
                 (not own, "parameters that share memory or are views of a larger tensor (each is freed whole "
                           "between uses)")]

@@ -223,21 +223,20 @@ class FullyShardedStep(ShardedStep):
         self._keep: set[int] = set()  # units that stay whole after their forward pass
         self._accumulated: dict[int, int] = {}  # unit -> its parameters' gradients accumulated in this backward
         self._taken: set[str] = set()  # state_dict keys load_state_dict() took into the shards
+        self._inside: dict[int, int] = {}  # unit of several modules -> how many of them are in their forward pass
 
     def attach(self, params: Sequence[torch.Tensor], waits: ModuleWaits) -> list[Any]:
-        units = [list(idx) for idx in waits.of.values()]
-        shared = {waits.name[m] or "the model" for m, idx in waits.of.items()
-                  for i in idx if sum(i in other for other in units) > 1}
-        if shared:
-            raise GradschedError(
-                f"architecture='fully_sharded' frees each module's parameters after its own forward and backward "
-                f"pass, but modules {sorted(shared)} own a parameter together (tied weights); tie them outside "
-                "the modules, or use architecture='sharded'")
+        modules = list(waits.of)
+        members = _tied_units(list(waits.of.values()))  # modules that own a parameter together: one unit
+        units = [list(dict.fromkeys(i for m in group for i in waits.of[modules[m]])) for group in members]
         handles = super().attach(params, waits)
-        for u, (module, idx) in enumerate(waits.of.items()):
-            self._module_unit[module] = u
-            for i in idx:
+        for u, group in enumerate(members):
+            for m in group:
+                self._module_unit[modules[m]] = u
+            for i in units[u]:
                 self.unit_of[i] = u
+            if len(group) > 1:  # freed only once none of its modules is inside its forward pass
+                handles += [modules[m].register_forward_pre_hook(Hook(partial(self._entering, u))) for m in group]
         self.gatherer = self._gatherer_for(units)
         self._order = list(range(len(units)))  # the first forward pass: as the modules are registered
         handles += [module.register_forward_hook(Hook(partial(self._after_module, u)))
@@ -314,6 +313,10 @@ class FullyShardedStep(ShardedStep):
             self.gatherer.wait_whole(self._units_of(indices), what)
         return False
 
+    def _entering(self, u: int, module: nn.Module, args: Any) -> None:
+        """A module of unit ``u``, which several modules share (tied weights), begins its forward pass."""
+        self._inside[u] = self._inside.get(u, 0) + 1
+
     def _after_module(self, u: int, module: nn.Module, args: Any, output: Any) -> None:
         if self.gatherer is None:
             return
@@ -321,6 +324,10 @@ class FullyShardedStep(ShardedStep):
         outputs = [t for t in _tensors(output) if t.requires_grad]
         if torch.is_grad_enabled() and outputs:  # its backward pass starts from its outputs' gradients
             torch.autograd.graph.register_multi_grad_hook(outputs, partial(self._before_backward, u), mode="any")
+        if u in self._inside:  # a unit of several modules: whole while any of them runs (one inside another)
+            self._inside[u] -= 1
+            if self._inside[u]:
+                return
         if u not in self._keep:
             self.gatherer.free(u)
 
@@ -361,6 +368,35 @@ class FullyShardedStep(ShardedStep):
     def wait(self, indices: Sequence[int], what: str) -> None:
         if self.gatherer is not None:
             self.gatherer.wait_whole(self._units_of(indices), what)
+
+
+def _tied_units(owned: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The units, each a list of positions in ``owned`` (the parameters each module owns): one per
+    module, except that modules owning a parameter together (tied weights) share one, as FSDP2
+    puts tied weights in one unit.
+
+    >>> _tied_units([[0, 1], [2], [3, 0], [4]])
+    [[0, 2], [1], [3]]
+    """
+    group = list(range(len(owned)))
+
+    def root(m: int) -> int:
+        while group[m] != m:
+            group[m] = group[group[m]]
+            m = group[m]
+        return m
+
+    first: dict[int, int] = {}  # parameter -> the first module owning it
+    for m, indices in enumerate(owned):
+        for i in indices:
+            if i in first:
+                group[root(m)] = root(first[i])
+            else:
+                first[i] = m
+    units: dict[int, list[int]] = {}
+    for m in range(len(owned)):
+        units.setdefault(root(m), []).append(m)
+    return list(units.values())
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
