@@ -233,5 +233,5 @@ def test_the_generated_programs_fail_on_a_planted_defect(mutant):
 
     STATS.clear()
     with pytest.raises(Exception):  # noqa: B017 - what it raises is Hypothesis' report of the first difference
-        run_state_machine_as_test(Planted, settings=budget(12, 30, shrink=False))
+        run_state_machine_as_test(Planted, settings=budget(20, 30, shrink=False))
     assert STATS["differed"] >= 1, dict(STATS)  # (not a failure of another kind)

@@ -25,9 +25,11 @@ ELSEWHERE = [torch.zeros(4, 4, device="meta")]  # not on the CPU, as a CUDA tens
     ("ps", ELSEWHERE, "gloo", {}, ["moves CPU tensors over gloo for now"]),
     ("ps", CPU, "nccl", {}, ["needs the gloo backend: NCCL matches point-to-point operations by their order"]),
     ("sharded", CPU, "gloo", {}, []),
-    ("sharded", ELSEWHERE, "gloo", {}, ["does not support CUDA parameters"]),
+    ("sharded", ELSEWHERE, "gloo", {}, ["does not support parameters on meta"]),
     ("sharded", [torch.zeros(4, 4).t()], "gloo", {}, ["does not support non-contiguous parameters"]),
-    ("sharded", CPU, "gloo", {"find_unused_parameters": True}, ["does not support find_unused_parameters=True"]),
+    ("sharded", CPU, "gloo", {"find_unused_parameters": True}, []),
+    ("fully_sharded", CPU, "gloo", {"find_unused_parameters": True},
+     ["does not support find_unused_parameters=True (its parameters are gathered as each module runs"]),
 ])
 def test_what_each_architecture_refuses_says_why(name, params, backend, options, refused):
     config = RuntimeConfig.from_options({"architecture": name, "servers": 1 if name == "ps" else 0, **options})
