@@ -80,18 +80,17 @@ class UnevenInputs(Joinable):
         super().__init__()
         self._joining: Joining | None = joining
         self.run, self.refusal = run, refusal
-        self.life = run.life
         self.divide_by_initial_world_size = True
         self.announced: tuple[int, bool] | None = None  # (round, communicates) of the latest forward pass
 
     @property
     def joined(self) -> bool:
         """This rank left the loop and shadows the others."""
-        return self.life.joined
+        return self.run.life.joined
 
     @joined.setter
     def joined(self, value: bool) -> None:
-        self.life.joined = value
+        self.run.life.joined = value
 
     @property
     def backend(self) -> Joining:
@@ -195,7 +194,7 @@ class _Shadow(JoinHook):
         """One iteration of the ranks still training, shadowed by a rank that has joined."""
         uneven = self.uneven
         co = uneven.backend
-        co.control_point(uneven.life.index)  # of the latest round: where the ranks training hold theirs
+        co.control_point(uneven.run.life.index)  # of the latest round: where the ranks training hold theirs
         if not uneven.joined:
             co.synchronize()  # this rank's own last updates
             uneven.joined = True

@@ -380,25 +380,39 @@ class ShardedStep:
 
     def _alike(self, own: Sequence[int]) -> bool:
         """Whether every rank holds the same whole gradients (``own``: those this rank holds; the
-        same parameters, the same values), from the largest and the smallest of each element
-        over the ranks: one pair of all-reduces, in the data group's order."""
+        same parameters, the same values), from the largest and the smallest of each element over
+        the ranks, in the data group's order: first which parameters hold one (no rank any: alike,
+        nothing more sent), then their values, in their own dtypes (the memory of two copies of
+        those gradients, no more)."""
         params = self.shards.params
         mine = set(own)
-        parts = [torch.ones(1, dtype=torch.float64, device=params[0].device) if i in mine else
-                 torch.zeros(1, dtype=torch.float64, device=params[0].device) for i in range(len(params))]
-        parts += [plain(params[i].grad).detach().reshape(-1).to(torch.float64) if i in mine else
-                  torch.zeros(params[i].numel(), dtype=torch.float64, device=params[0].device)
-                  for i in range(len(params))]
-        largest = torch.cat(parts).nan_to_num(nan=math.pi)  # (NaN everywhere alike counts as alike)
-        smallest = largest.clone()
+        held = torch.tensor([float(i in mine) for i in range(len(params))], dtype=torch.float64,
+                            device=params[0].device)
+        if not self._extremes_equal([held]):
+            return False
+        if not mine:
+            return True
+        grads = [plain(params[i].grad).detach().reshape(-1) for i in sorted(mine)]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dtype.setdefault(g.dtype, []).append(g)
+        wide = {torch.float16: torch.float32, torch.bfloat16: torch.float32}  # (exactly: what every backend reduces)
+        return self._extremes_equal([torch.cat(group).to(wide.get(dtype, dtype)) for dtype, group in by_dtype.items()])
+
+    def _extremes_equal(self, values: Sequence[torch.Tensor]) -> bool:
+        """Whether each of ``values`` is the same on every rank (a pair of all-reduces each; NaN
+        everywhere alike counts as alike)."""
+        largest = [v.nan_to_num(nan=math.pi) if v.is_floating_point() else v.clone() for v in values]
+        smallest = [v.clone() for v in largest]
 
         def compare() -> None:  # on the launcher: the data group's order
             group = self.group()
-            dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
-            dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+            for high, low in zip(largest, smallest):
+                dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+                dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
 
         self.exchange.between_rounds(partial(self.device.run, self.group(), compare))
-        return torch.equal(largest, smallest)
+        return all(torch.equal(high, low) for high, low in zip(largest, smallest))
 
     def _local_only(self) -> list[torch.Tensor] | None:
         """The parameters holding a gradient, if none is an averaged shard (all this rank's own: DDP
