@@ -2,7 +2,7 @@
 
 On the lent machine (one GPU, its own CUDA build of torch, no package index), from the
 repository's root, one command, under 8 minutes (the parts get --budget, 450 s, and the
-machine's start the rest; their limits add up to 645 s, so the last ones are skipped if the
+machine's start the rest; their limits add up to 705 s, so the last ones are skipped if the
 first run long; not yet run on a GPU):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
@@ -31,6 +31,8 @@ CUDA tensors on the one GPU, the others one NCCL rank):
   steady      1 rank, a slow link, no drain inside the loop: bytescheduler against fifo.
   overlap     1 rank, a slow link: the share of its delay hidden behind backward, against DDP.
   sync_bn     2 ranks: SyncBatchNorm (the user's collectives beside gradsched's) against DDP.
+  sharded     1 NCCL rank: sharded and fully sharded on CUDA against DDP, every policy, NCCL's
+              reduce-scatter and all-gathers (on CPU: gloo with NCCL's semantics emulated).
   end_to_end  1 rank, every policy against DDP: AMP, fused AdamW, BatchNorm, unused
               parameters, join(), export_profile, device_ids moving CPU inputs.
   profile     1 rank: a layer that sleeps known times is found with them in the profile.

@@ -12,6 +12,7 @@ from gpucheck.overhead import part_overhead
 from gpucheck.overlap import part_overlap, part_steady
 from gpucheck.profile import part_profile
 from gpucheck.reduction import part_reduction
+from gpucheck.sharded import part_sharded
 from gpucheck.streams import part_streams
 from gpucheck.sync_bn import part_sync_bn
 
@@ -23,6 +24,7 @@ PARTS = {
     "steady": Part(part_steady, 1, "nccl", 60),
     "overlap": Part(part_overlap, 1, "nccl", 60),
     "sync_bn": Part(part_sync_bn, 2, "gloo", 45),
+    "sharded": Part(part_sharded, 1, "nccl", 60, EMULATION),
     "end_to_end": Part(part_end_to_end, 1, "nccl", 90),
     "profile": Part(part_profile, 1, "nccl", 30),
     "host_syncs": Part(part_host_syncs, 1, "nccl", 30),

@@ -52,12 +52,13 @@ def test_the_cpu_version_of_the_gpu_check_passes(tmp_path):
     assert code == 0, [r for r in rows if r["ok"] is False]
     parts = [r["part"] for r in rows]
     assert list(dict.fromkeys(parts)) == ["nccl", "reduction", "streams", "handoff", "steady", "overlap", "sync_bn",
-                                          "end_to_end", "profile", "host_syncs", "overhead"]  # the order they run in
+                                          "sharded", "end_to_end", "profile", "host_syncs", "overhead"]  # the order they run in
     judged = [r["check"] for r in rows if r["ok"] is True]
     assert sum(c.startswith("nccl") for c in judged) == 2 * 4 + 1  # bytescheduler, prophet: three checks and
     # the packed messages each, and fifo's packed messages (certain there)
     assert sum(c.startswith("reduction") for c in judged) == 3 * 2 + 2  # fp32 and fp16, and the slow link
     assert sum(c.startswith("handoff") for c in judged) == 2  # values, and the flat buffers freed
+    assert sum(c.startswith("sharded") for c in judged) == 2 * 2  # both architectures, fifo and prophet
     assert sum(c.startswith("end_to_end") for c in judged) == 8 + 1
     assert len([r for r in rows if r["check"].startswith("overhead")]) == 5  # DDP and every policy
     assert [r["check"] for r in rows if r["check"].startswith("steady")]  # shown (judged on a GPU only)

@@ -15,17 +15,17 @@ import pytest
 from workers.launch import run_ranks
 
 
-def side(tmp_path, what: str, world: int, architecture: str, api: str = "ddp") -> list[dict]:
+def side(tmp_path, what: str, world: int, architecture: str, api: str = "ddp", model: str = "rows") -> list[dict]:
     out = tmp_path / f"{what}-{architecture}-{world}.json"
     for result in run_ranks("dcp", world, what, str(tmp_path), str(out), "--architecture", architecture,
-                            "--api", api, timeout=180):
+                            "--api", api, "--model", model, timeout=180):
         assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text())
 
 
-def round_trip(tmp_path, saved: str, loaded: str, world: int = 2, api: str = "ddp") -> None:
-    side(tmp_path, "save", 2, saved, api)
-    for rank, report in enumerate(side(tmp_path, "load", world, loaded, api)):
+def round_trip(tmp_path, saved: str, loaded: str, world: int = 2, api: str = "ddp", model: str = "rows") -> None:
+    side(tmp_path, "save", 2, saved, api, model)
+    for rank, report in enumerate(side(tmp_path, "load", world, loaded, api, model)):
         where = f"rank {rank}: {saved} -> {loaded} on {world} ranks"
         assert report["params"] == 0.0 and report["state"] == 0.0, (where, report)
         if "final" in report:
@@ -53,3 +53,11 @@ def test_checkpoints_move_between_pytorchs_fsdp2_or_ddp_and_gradsched(tmp_path, 
     ("sharded", "fully_sharded", 3, "wrap"), ("allreduce", "sharded", 3, "wrap"), ("sharded", "sharded", 2, "wrap")])
 def test_more_round_trips(tmp_path, saved, loaded, world, api):
     round_trip(tmp_path, saved, loaded, world, api)
+
+
+@pytest.mark.parametrize("saved,loaded,world", [("sharded", "allreduce", 2), ("allreduce", "sharded", 3),
+                                                pytest.param("sharded", "sharded", 3, marks=pytest.mark.slow)])
+def test_empty_shards_and_a_0_dimensional_parameter_round_trip(tmp_path, saved, loaded, world):
+    """A weight of one row (every rank but rank 0 holds an empty shard of it, and no state) and
+    a 0-dimensional parameter (rank 0's alone) saved and loaded across architectures and ranks."""
+    round_trip(tmp_path, saved, loaded, world, model="edges")

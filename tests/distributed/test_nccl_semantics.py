@@ -163,6 +163,22 @@ def test_fully_sharded_equals_ddp_under_the_emulation(tmp_path):
     check_sharded(reports, 2, len(cases.split(",")))
 
 
+@pytest.mark.parametrize("architecture", ["sharded", pytest.param("fully_sharded", marks=pytest.mark.slow)])
+def test_a_gather_buffer_let_go_early_is_caught_by_the_emulation(tmp_path, architecture):
+    """Under the emulation sharding takes NCCL's path (all_gather_into_tensor into a buffer, a
+    callback copying it into the parameters, reduce_scatter_tensor), which gloo's tests never run
+    (point-to-point there). tests/mutant's ``gather-released-early`` lets go of the gather's
+    buffer once issued, before the callback copied it (on a GPU the caching allocator hands it to
+    the next allocation): the parameters come out wrong."""
+    planted = {**EMULATED, **MUTANT, "GRADSCHED_MUTANT": "gather-released-early"}
+    out = tmp_path / "sharded.json"
+    results = run_ranks("sharded", 2, str(out), "--architecture", architecture, "--cases", "wrap:sgd", "--policies",
+                        "prophet", env=planted, timeout=600)
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    for report in json.loads(out.read_text()):
+        assert all(not r["max_abs_diff"] <= 1e-3 for r in report.values()), report  # NaN, or far off
+
+
 def test_parameter_servers_equal_ddp_under_the_emulation(tmp_path):
     ranks = emulated_workers(tmp_path, "ps_compare", 4, "--servers", "2", "--policies", "fifo,prophet",
                              "--optimizers", "adam")["ranks"]

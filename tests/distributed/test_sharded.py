@@ -69,6 +69,15 @@ def test_two_policies_equal_ddp_through_both_apis_with_clipping_accumulation_and
                              "torchvalue:sgd,scaler:adamw-groups"), 2, 10 * 2)
 
 
+def test_a_0_dimensional_parameter_is_replicated_and_equals_ddp(tmp_path):
+    """A learnable scalar (a temperature on the logits, as CLIP's ``logit_scale``) cannot be cut
+    by rows: every rank holds it and its state, receives its average and steps it alike. Its
+    ``.grad`` is a replicated DTensor, so torch's clipping counts it once, as gradsched's own."""
+    check(reports(tmp_path, 2, "--scalar", "--policies", "prophet",
+                  "--cases", "wrap:adam,torchclip:adamw-groups,clip:sgd,checkpoint:adamw-groups,compress:adamw-groups,"
+                             "scaler:adam"), 2, 6)
+
+
 FULLY = ("--architecture", "fully_sharded")
 
 

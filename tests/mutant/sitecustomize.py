@@ -25,6 +25,9 @@ after the copy. The emulated NCCL must catch it (tests/distributed/test_nccl_sem
 gradients were produced. ``released-early``: the launcher lets go of a packed message's buffer
 once it is issued, before the copy back read it (the caching allocator hands such memory to
 the next allocation). Both right on gloo; the emulation must catch them.
+``gather-released-early``: sharding's all-gather on NCCL's path (a buffer, copied into the
+parameters by a callback) lets go of its buffer once issued, before the callback read it: the
+emulation must catch it (gloo takes the point-to-point path, with no buffer).
 
 ``no-reduction``:
 every architecture's transport (all-reduce, push and pull to parameter servers, the sharded
@@ -140,3 +143,13 @@ if os.environ.get("GRADSCHED_MUTANT") == "released-early":
     from gradsched.runtime.comm import launcher
 
     launcher.RoundState.hold = lambda self, k, buffers: None  # the packed buffers not kept until the message ends
+
+if os.environ.get("GRADSCHED_MUTANT") == "gather-released-early":
+    from gradsched.runtime.architectures.sharded import shards
+
+    _gathered_init = shards.Gathered.__init__
+
+    def _let_go(self, future, buffer=None):
+        _gathered_init(self, future, None)  # the buffer an all-gather went through not kept until waited for
+
+    shards.Gathered.__init__ = _let_go

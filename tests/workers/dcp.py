@@ -9,7 +9,10 @@ makes its state with a step on zeros), ``dcp.load``, ``set_state_dict``; it repo
 model and the optimizer's whole state are from what was saved, and, with the save's ranks,
 trains the same 2 steps and reports how far it ends from the uninterrupted run.
 
-    python -m workers.dcp save|load FOLDER OUT.json --architecture A [--api ddp|wrap]
+    python -m workers.dcp save|load FOLDER OUT.json --architecture A [--api ddp|wrap] [--model rows|edges]
+
+``--model edges``: a weight of one row (empty shards on every rank but rank 0) and a
+0-dimensional parameter.
 """
 
 from __future__ import annotations
@@ -29,15 +32,31 @@ from workers.launch import finish_with_every_report
 STEPS, MORE = 3, 2
 
 
-def net(seed: int) -> nn.Module:
-    torch.manual_seed(seed)  # every row of every parameter a shard of its own under 2 or 3 ranks
+class Edges(nn.Module):
+    """Shards that are not rows of every rank: a weight of one row (the other ranks' shards of it
+    empty) and a 0-dimensional scale (rank 0's alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 1))
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.out = nn.Linear(1, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.body(x) * self.scale)
+
+
+def net(seed: int, model: str = "rows") -> nn.Module:
+    torch.manual_seed(seed)  # rows: every row of every parameter a shard of its own under 2 or 3 ranks
+    if model == "edges":
+        return Edges()
     return nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 6))
 
 
-def wrapped(seed: int, architecture: str, api: str):
-    """The model and the optimizer the user holds: gradsched's under ``architecture``, or
-    PyTorch's own (``fsdp2``: ``fully_shard`` on every layer and the model; ``ddp``)."""
-    model = net(seed)
+def wrapped(seed: int, architecture: str, api: str, kind: str = "rows"):
+    """The model (``kind``) and the optimizer the user holds: gradsched's under ``architecture``,
+    or PyTorch's own (``fsdp2``: ``fully_shard`` on every layer and the model; ``ddp``)."""
+    model = net(seed, kind)
     if architecture == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -60,7 +79,7 @@ def wrapped(seed: int, architecture: str, api: str):
 def groups_of(model: nn.Module) -> list[dict]:
     named = list(model.named_parameters())
     return [{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": 0.1},
-            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+            {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}]
 
 
 def train(model, optimizer, steps: range) -> None:
@@ -103,8 +122,8 @@ def distance(a: dict, b: dict) -> float:
     return worst
 
 
-def save(folder: str, architecture: str, api: str) -> dict:
-    model, optimizer = wrapped(0, architecture, api)
+def save(folder: str, architecture: str, api: str, kind: str) -> dict:
+    model, optimizer = wrapped(0, architecture, api, kind)
     train(model, optimizer, range(STEPS))
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(folder, "checkpoint"))
@@ -119,8 +138,8 @@ def save(folder: str, architecture: str, api: str) -> dict:
     return {}
 
 
-def load(folder: str, architecture: str, api: str) -> dict:
-    model, optimizer = wrapped(7, architecture, api)  # another initialisation: the checkpoint replaces it
+def load(folder: str, architecture: str, api: str, kind: str) -> dict:
+    model, optimizer = wrapped(7, architecture, api, kind)  # another initialisation: the checkpoint replaces it
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(folder, "checkpoint"))
@@ -151,10 +170,11 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--architecture", default="sharded")
     parser.add_argument("--api", default="ddp", choices=["ddp", "wrap"])
+    parser.add_argument("--model", default="rows", choices=["rows", "edges"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    report = (save if args.what == "save" else load)(args.folder, args.architecture, args.api)
+    report = (save if args.what == "save" else load)(args.folder, args.architecture, args.api, args.model)
     finish_with_every_report(args.out, report)
 
 

@@ -34,7 +34,33 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradsched
 from gradsched.runtime.comm.compression import ddp_hook
 from workers.launch import finish_with_every_report
-from workers.train_compare import SMALL, Net, against, batches, make_optimizer, seeded_reference
+from workers.train_compare import SMALL, Net, against, batches, make_optimizer
+
+
+class ScaledNet(Net):
+    """``Net`` whose logits are multiplied by a learnable 0-dimensional temperature (as CLIP's
+    ``logit_scale``): replicated, not sharded, under sharding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = nn.Parameter(torch.tensor(1.25))
+
+    def forward(self, x):
+        return super().forward(x) * self.temperature
+
+
+MODEL = {"net": Net}  # or ScaledNet (--scalar)
+
+
+def new_net() -> nn.Module:
+    return MODEL["net"]()
+
+
+def seeded_reference():
+    """The seeded model every run starts from, and a copy of its initial parameters."""
+    torch.manual_seed(0)
+    reference = new_net()
+    return reference, [p.detach().clone() for p in reference.parameters()]
 
 OPTIMIZERS = {"adagrad": lambda params: torch.optim.Adagrad(params, lr=0.05),
               "adam-fused": lambda params: torch.optim.Adam(params, lr=1e-2, fused=True)}
@@ -149,7 +175,7 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
     options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
                    architecture=ARCHITECTURE["name"])
     torch.manual_seed(0)
-    net = Net()
+    net = new_net()
     model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
     sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5) if kind == "adamw-groups" else None
     run(model, ours, sched, data[:half], None)
@@ -177,7 +203,7 @@ def checkpoint(policy: str, kind: str, data: list) -> dict:
              "scheduler": sched.state_dict() if sched else None}
     ours.close()
     torch.manual_seed(1)  # the resumed run's own initialisation, replaced by the checkpoint
-    net = Net()
+    net = new_net()
     if ARCHITECTURE["name"] == "sharded":
         net.load_state_dict(saved["model"])
     model, ours = gradsched.wrap(net, optimizer_for(kind, net)[0], **options)
@@ -232,7 +258,7 @@ def case(scenario: str, kind: str, policies: list[str], data: list, report: dict
     full_state = state_elements(opt)
     for policy in policies:
         torch.manual_seed(0)
-        net = Net()
+        net = new_net()
         options = dict(policy=policy, policy_options=SMALL[policy], profile_rounds=2, replan_every=2,
                        architecture=ARCHITECTURE["name"], compression="bf16" if compress else None)
         if scenario in ("ddp", "accumulate"):
@@ -268,8 +294,10 @@ def main() -> None:
     parser.add_argument("--cases", help="SCENARIO:OPTIMIZER,... in place of every scenario with every optimizer")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--architecture", default="sharded", choices=["sharded", "fully_sharded"])
+    parser.add_argument("--scalar", action="store_true", help="the model holds a 0-dimensional parameter")
     args = parser.parse_args()
     ARCHITECTURE["name"] = args.architecture
+    MODEL["net"] = ScaledNet if args.scalar else Net
     if "slow" in args.scenarios.split(",") or "slow:" in (args.cases or ""):
         slow_head_gathers()
     torch.set_num_threads(1)

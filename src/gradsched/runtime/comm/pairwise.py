@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from gradsched.runtime.comm.transport import Waiter
+from gradsched.runtime.device import Device
 
 
 class Pairwise:
@@ -82,6 +83,7 @@ class Pairwise:
         self.waiter.stop(5.0 if wait else 0.5)
 
 
-def pairwise_for(group: dist.ProcessGroup) -> Pairwise | None:
-    """The point-to-point phases where the backend is gloo; None: its own collectives (NCCL)."""
-    return Pairwise(group) if dist.get_backend(group) == "gloo" else None
+def pairwise_for(group: dist.ProcessGroup, device: Device) -> Pairwise | None:
+    """The point-to-point phases where the backend is gloo on the host; None: the backend's own
+    collectives (NCCL, and its emulation on CPU, which must take NCCL's path to check it)."""
+    return Pairwise(group) if device.point_to_point and dist.get_backend(group) == "gloo" else None

@@ -11,6 +11,8 @@ from a device is:
   the device, not the host, where the device has streams; the host itself where it has none);
 * whether the device has run past an event (:meth:`Device.passed`);
 * a stream of the calling thread's own while a block runs (:meth:`Device.own_stream`);
+* memory allocated on one stream and used on another kept from the next allocation until that
+  use has run (:meth:`Device.used_here`);
 * a collective started on a process group (:meth:`Device.issue`), whose future completes
   when the backend says so: on gloo once the result is in place, on NCCL once the
   collective is *queued* (its values are then in place only behind the future's events,
@@ -63,6 +65,9 @@ def future_of(started: Any) -> torch.futures.Future:
 class Device(Protocol):
     name: str  # for messages: "cpu", "cuda:0", "emulated NCCL"
     ordered: bool  # messages end in launch order, known by events (CUDA, the emulation); else in callbacks
+    #: whether sharding's phases may travel as point-to-point operations (gloo on the host: faster there
+    #: than gloo's collectives); else as the backend's own collectives, as on NCCL (CUDA, the emulation)
+    point_to_point: bool
 
     def record(self) -> Any:
         """An event on the calling thread's current stream (None: nothing to order)."""
@@ -77,6 +82,12 @@ class Device(Protocol):
 
     def passed(self, event: Any) -> bool:
         """Whether the device has run past ``event`` (raises what failed before it)."""
+
+    def used_here(self, tensor: torch.Tensor) -> None:
+        """``tensor``, allocated on another stream, was used by the calling thread's current
+        stream: its memory is not handed to another allocation until that stream has run past
+        what it queued so far (CUDA's ``record_stream``; nothing where the calling thread's
+        work is done when issued)."""
 
     def own_stream(self, role: str) -> ContextManager[Any]:
         """Run the calling thread under a stream of gradsched's own for ``role`` ("launcher",

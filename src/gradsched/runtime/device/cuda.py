@@ -112,6 +112,7 @@ def dedicated_stream(device: torch.device, role: str) -> Any:
 
 class CudaDevice:
     ordered = True
+    point_to_point = False
 
     def __init__(self, device: torch.device, max_connections: str | None = None) -> None:
         self.device = device
@@ -144,6 +145,9 @@ class CudaDevice:
 
     def passed(self, event: Any) -> bool:
         return event.query()
+
+    def used_here(self, tensor: Any) -> None:
+        tensor.record_stream(torch.cuda.current_stream(self.device))
 
     @contextlib.contextmanager
     def own_stream(self, role: str) -> Iterator[Any]:

@@ -87,6 +87,7 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
+import torch.distributed
 
 from gradsched.runtime.device.base import HostTimed, Produced, future_of
 from gradsched.runtime.device.emulated_streams import (DONE, EmulatedEvent, EmulatedStream, current_stream,
@@ -198,6 +199,19 @@ class EmulatedFuture:
         callback(self)
 
 
+def _waited(real: Any) -> Any:
+    """The value of the real gloo operation behind an emulated collective, once it completed: its
+    future's; a work gloo gives no future for (its ``reduce_scatter_tensor``, which NCCL's
+    path takes here) is waited for itself, its value the empty list."""
+    if isinstance(real, torch.distributed.Work):
+        try:
+            real = real.get_future()
+        except RuntimeError:  # "not implemented" (the operation itself failed raises at wait())
+            real.wait()
+            return []
+    return future_of(real).wait()
+
+
 def _released_arguments(callback: Callable) -> Callable:
     """``callback`` holding the tensors among its arguments only weakly, where it is a
     ``functools.partial`` (see the module's docstring: the caching allocator)."""
@@ -211,6 +225,7 @@ class EmulatedNccl(HostTimed):
     """The emulated device (see the module's docstring)."""
 
     ordered = True
+    point_to_point = False
     name = "emulated NCCL"
 
     def __init__(self, latency_s: float = 0.02, duration_s: float = 0.0, timeout_s: float = 300.0) -> None:
@@ -263,6 +278,10 @@ class EmulatedNccl(HostTimed):
     def passed(self, event: Any) -> bool:
         return event is None or event.query()
 
+    def used_here(self, tensor: torch.Tensor) -> None:
+        """Nothing: gradsched calls this from the training thread, which is the host here (its
+        work ran when issued)."""
+
     @contextlib.contextmanager
     def own_stream(self, role: str) -> Iterator[EmulatedStream]:
         stream = shared_stream(role)
@@ -299,7 +318,7 @@ class EmulatedNccl(HostTimed):
             started = time.monotonic()
             try:
                 for future, real in zip(futures, start(), strict=True):
-                    future._value, future._weak = _weakly(future_of(real).wait()), True  # (its work lets go)
+                    future._value, future._weak = _weakly(_waited(real)), True  # (its work lets go)
             except BaseException as exc:
                 for future in futures:
                     future._error = exc

@@ -18,6 +18,7 @@ T = TypeVar("T")
 class HostDevice(HostTimed):
     name = "cpu"
     ordered = False
+    point_to_point = True
 
     def record(self) -> None:
         return None
@@ -30,6 +31,9 @@ class HostDevice(HostTimed):
 
     def passed(self, event: Any) -> bool:
         return True
+
+    def used_here(self, tensor: Any) -> None:
+        pass
 
     @contextlib.contextmanager
     def own_stream(self, role: str) -> Iterator[None]:

@@ -11,9 +11,13 @@ module's forward pass waits for its own parameters' all-gathers.
   (:class:`FullySharded`), the parameters sharded too between uses.
 
 Plans model a message as one all-reduce's time (the link estimate learns its bytes' speed);
-the measured trial is decided by measurement alone. What it refuses: optimizers that need
-whole tensors, parameters off the CPU (for now), non-contiguous parameters, DDP communication hooks (messages are reduce-scattered), ``join()`` and the hand-off to DDP's
-reducer (which would hold the whole state again). AMP's ``GradScaler`` works unchanged: its
+the measured trial is decided by measurement alone. On gloo (the host) both phases travel as
+point-to-point operations; on NCCL (CUDA, and its emulation on CPU) as ``reduce_scatter_tensor``
+and ``all_gather_into_tensor`` (see :mod:`.shards`). What it refuses: optimizers that need
+whole tensors, parameters neither on the CPU nor on CUDA (meta: materialize them first), CUDA
+parameters over gloo, non-contiguous parameters, DDP communication hooks (messages are
+reduce-scattered), ``join()`` and the hand-off to DDP's reducer (which would hold the whole
+state again). AMP's ``GradScaler`` works unchanged: its
 overflow check on the DTensor gradients is agreed over every rank's shards by torch.
 """
 
@@ -61,9 +65,11 @@ class Sharded(OnDataPlane):
         self.shards: Shards | None = None  # this rank's (built with the plans' specs)
 
     def refusals(self, params: Sequence[torch.Tensor], config: RuntimeConfig, backend: str) -> list[str]:
-        off_cpu = sorted({p.device.type for p in params} - {"cpu"})  # cuda, meta, ...
+        elsewhere = sorted({p.device.type for p in params} - {"cpu", "cuda"})  # meta, ...
         refused = [
-            (bool(off_cpu), f"parameters on {', '.join(off_cpu)} (it runs on CPU tensors for now)"),
+            (bool(elsewhere), f"parameters on {', '.join(elsewhere)} (it shards CPU and CUDA tensors)"),
+            (backend == "gloo" and any(p.is_cuda for p in params),
+             "CUDA parameters over gloo (on CUDA its collectives are NCCL's: init_process_group('nccl'))"),
             (not all(p.is_contiguous() for p in params), "non-contiguous parameters (each is sharded as a flat view)"),
         ]
         return [f"architecture={self.name!r} does not support {what} yet; use architecture='allreduce'"
@@ -83,8 +89,9 @@ class Sharded(OnDataPlane):
                   comm_hook: CommHook | None) -> Transport:
         from torch.distributed.device_mesh import DeviceMesh
 
-        self.shards.pairwise = pairwise_for(topology.data)  # its all-gathers travel the way its reduce-scatters do
+        self.shards.pairwise = pairwise_for(topology.data, device)  # its all-gathers travel the way its reduce-scatters do
         self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
+        self.shards.device = device
         reduce_scatter = ReduceScatter(topology.data, self.shards.pairwise, self.shards.into)
         return compressed(Issued(reduce_scatter, device, topology.data), config)
 
@@ -134,7 +141,7 @@ class FullySharded(Sharded):
     def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> FullyShardedStep:
         group = topology.gathers
-        pairwise = pairwise_for(group)
+        pairwise = pairwise_for(group, exchange.device)
         shards = self.shards
 
         def gatherer(units: Sequence[Sequence[int]]) -> Gatherer:

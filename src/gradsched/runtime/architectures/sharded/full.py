@@ -36,8 +36,8 @@ from torch import nn
 
 from gradsched.core.gathers import GatherQueue, UnitState, default_budget
 from gradsched.core.plan import Plan
-from gradsched.runtime.architectures.sharded.shards import Shards
-from gradsched.runtime.architectures.sharded.stepping import ShardedStep, _Gathered
+from gradsched.runtime.architectures.sharded.shards import Gathered, Shards
+from gradsched.runtime.architectures.sharded.stepping import ShardedStep
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.pairwise import Pairwise
 from gradsched.runtime.device import Device
@@ -59,7 +59,7 @@ class Gatherer:
     allows; the training thread queues, needs and frees units (:class:`GatherQueue`, under one
     lock)."""
 
-    def __init__(self, shards: Shards, units: Sequence[Sequence[int]], budget: int | None, pairwise: Pairwise,
+    def __init__(self, shards: Shards, units: Sequence[Sequence[int]], budget: int | None, pairwise: Pairwise | None,
                  group: dist.ProcessGroup, device: Device, timeout_s: float) -> None:
         """``budget``: bytes of whole parameters prefetching may hold (None: :func:`default_budget`)."""
         self.shards, self.units = shards, [list(u) for u in units]
@@ -71,7 +71,8 @@ class Gatherer:
         self.error: BaseException | None = None
         self.stopping = False
         self.peak = 0  # the most bytes of whole parameters alive at once (tests, the bench)
-        self._gathered: dict[int, _Gathered] = {}  # unit -> its latest gather (what a reader orders itself after)
+        self._gathered: dict[int, Gathered] = {}  # unit -> its latest gather (what a reader orders itself after)
+        self._asked: Any = None  # the training thread's stream when it last queued or needed a unit (an event)
         #: parameter -> the memory it is gathered into, allocated at its first gather and kept (as
         #: FSDP2 keeps its unsharded parameters' storage): freeing resizes it to nothing, so what
         #: autograd saved of it (a transposed view of a weight) pins no memory, and sees the
@@ -85,6 +86,7 @@ class Gatherer:
     # -- the training thread's side -------------------------------------------------------------
     def want(self, units: Sequence[int]) -> None:
         with self.cond:
+            self._asked = self.device.record()
             if self.queue.want(units):
                 self.cond.notify_all()
 
@@ -93,6 +95,7 @@ class Gatherer:
         order this thread after their gathers (on NCCL a gather is done once queued)."""
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
+            self._asked = self.device.record()
             if any([self.queue.need(u) for u in units]):
                 self.cond.notify_all()
             self._wait_until(lambda: all(self.queue.state[u] is UnitState.READY for u in units), deadline,
@@ -106,6 +109,7 @@ class Gatherer:
         """Issue everything queued, wait until it has landed, and order this thread after it."""
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
+            self._asked = self.device.record()
             self.queue.force_all()
             self.cond.notify_all()
             self._wait_until(self.queue.settled, deadline, f"the all-gathers of {what}: another rank is stuck")
@@ -137,8 +141,10 @@ class Gatherer:
         model's own memory is let go of, not resized: the user may hold a view of it)."""
         for i in self.units[u]:
             p = self.shards.params[i]
-            p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
             storage = self._storage.get(i)
+            if storage is not None and storage.nbytes():  # used by this thread's stream (gathered on another)
+                self.device.used_here(p.data)
+            p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
             if storage is not None:
                 storage.resize_(0)
 
@@ -180,12 +186,14 @@ class Gatherer:
                             return
                         u = self.queue.issue()
                         self.peak = max(self.peak, self.queue.materialized)
+                        after = self._asked
+                    self.device.wait_for([after])  # the shards as the training thread's stream left them
                     for i in self.units[u]:  # the same tensor (autograd may have saved it), its memory back
                         self.shards.params[i].data = self._whole(i)
-                    future = self.shards.gather_whole(self.units[u], self.pairwise, self.group, self.device)
+                    gathered = self.shards.gather_whole(self.units[u], self.pairwise, self.group, self.device)
                     with self.cond:
-                        self._gathered[u] = _Gathered(future)
-                    future.add_done_callback(partial(self._landed, u))
+                        self._gathered[u] = gathered
+                    gathered.future.add_done_callback(partial(self._landed, u))
         except BaseException as exc:  # noqa: BLE001 - reported to the training thread
             self._fail(exc)
 

@@ -3,7 +3,9 @@
 Each parameter is cut by rows (its first dimension) as ``torch.chunk`` cuts it: ``k =
 ceil(rows / n)`` rows a rank, rank ``r`` owning rows ``[r * k, (r + 1) * k)``, which flattened
 are elements ``[r * c, (r + 1) * c)`` with ``c = k * row`` (those past the parameter's end are
-padding; a 0-dimensional parameter is one element, rank 0's). Ownership is fixed for the whole
+padding). A 0-dimensional parameter is not cut: every rank holds it and its state whole (one
+element), receives its average from the reduce-scatter (its gradient is every rank's part of
+a message), and steps it alike, so nothing of it is gathered. Ownership is fixed for the whole
 run, whatever the plans, so the optimizer state of a shard never moves between ranks. Being
 rows, this rank's part of a parameter's averaged gradient is what
 :class:`torch.distributed.tensor.DTensor` calls ``Shard(0)`` of it: ``.grad`` is that DTensor
@@ -46,6 +48,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -58,6 +61,7 @@ from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.runtime.comm.pairwise import Pairwise
 from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
 from gradsched.runtime.device import Device
+from gradsched.runtime.errors import GradschedError
 
 Slice = tuple[str, int, int]  # (tensor, first element, number of elements), in shard coordinates
 
@@ -100,8 +104,11 @@ class Shards:
         # first), held here from its first message until .grad takes it over (grad_of): None between
         self._reduced: list[torch.Tensor | None] = [None] * len(self.params)
         self._handed: list[Any] = [None] * len(self.params)  # a weak reference to the .grad grad_of made
-        for p, c in zip(self.params, self.size):
-            start = min(rank * c, p.numel())
+        #: 0-dimensional parameters: replicated, not sharded (each rank holds the one element and its
+        #: state, steps it with the average, and nothing of it is gathered; see _span)
+        self.replicated = {i for i, p in enumerate(self.params) if p.dim() == 0}
+        for i, (p, c) in enumerate(zip(self.params, self.size)):
+            start = 0 if i in self.replicated else min(rank * c, p.numel())
             end = min(start + c, p.numel())
             self.start.append(start)
             view = p.detach().view(-1)[start:end]
@@ -113,6 +120,7 @@ class Shards:
         #: writes, until the transport takes it (see ShardedLayout.pack)
         self.into: dict[int, torch.Tensor] = {}
         self.mesh: Any = None  # the DeviceMesh of the gradients' DTensors (its own group: see grad_of)
+        self.device: Device | None = None  # where the gradients live (set by the plane): see grad_of
         self._lock = threading.Lock()  # gathers land on completion threads: a write and its record together
         self._written = [torch_private.version(p) for p in self.params]  # each parameter as the gathers left it
 
@@ -138,10 +146,10 @@ class Shards:
 
     def grad_of(self, i: int) -> torch.Tensor:
         """Parameter ``i``'s averaged gradient as torch sees a sharded one: a DTensor whose local
-        part is this rank's shard of it (``Shard(0)``; a 0-dimensional parameter's ``Partial``,
-        its value on rank 0 and zero elsewhere), over this rank's gradient buffer. Collectives
+        part is this rank's shard of it (``Shard(0)``; a 0-dimensional parameter's ``Replicate``,
+        the average on every rank), over this rank's gradient buffer. Collectives
         torch issues on it (a norm) run on the mesh's own group, never in the data plane's order."""
-        from torch.distributed.tensor import DTensor, Partial, Shard
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
         p, shard = self.params[i], self.tensors[i]
         with self._lock:
@@ -151,8 +159,10 @@ class Shards:
                 if handed is not None:
                     return handed
                 buffer = torch.zeros(self.size[i], dtype=p.dtype, device=p.device)
-        if p.dim() == 0:
-            local, placement = buffer[:1].view(()), Partial()
+        if self.device is not None:  # made on the launcher's stream; freed by zero_grad() after the training
+            self.device.used_here(buffer)  # stream's use (the optimizer's step): not reused before that ran
+        if p.dim() == 0:  # replicated: every rank holds the average
+            local, placement = buffer[:1].view(()), Replicate()
         else:
             local = buffer[:shard.numel()].view(-1, *p.shape[1:])
             placement = Shard(0)
@@ -204,8 +214,9 @@ class Shards:
 
     def _span(self, i: int, r: int, first: int, count: int) -> tuple[int, int]:
         """Where elements ``[r * c + first, ... + count)`` of parameter ``i`` lie in it, flattened
-        (what lies past its end is padding)."""
-        start = r * self.size[i] + first
+        (what lies past its end is padding). A replicated scalar is every rank's part: each rank's
+        slot of a reduce-scatter then carries the gradient, and each receives the average."""
+        start = (0 if i in self.replicated else r * self.size[i]) + first
         return start, min(start + count, self.params[i].numel())
 
     def _part(self, flat: torch.Tensor, i: int, r: int, first: int, count: int) -> list[torch.Tensor]:
@@ -244,6 +255,8 @@ class Shards:
                     i = self.index[name]
                     flat = self.params[i].view(-1)
                     start, end = self._span(i, r, first, count)
+                    if i in self.replicated and r != self.rank:  # the same value, stepped here alike
+                        end = start
                     if end > start:
                         written.append(flat[start:end].copy_(gathered[position:position + end - start]))
                         self._written[i] = torch_private.version(self.params[i])
@@ -256,52 +269,58 @@ class Shards:
         for name, first, count in slices:
             i = self.index[name]
             start, end = self._span(i, r, first, count)
-            if end > start:
+            if end > start and i not in self.replicated:  # (a replicated scalar: stepped alike everywhere)
                 views.append(self.params[i].detach().view(-1)[start:end])
         return views
 
-    def gather(self, message: PlannedMessage, group: dist.ProcessGroup, device: Device) -> Any:
+    def gather(self, message: PlannedMessage, group: dist.ProcessGroup, device: Device) -> Gathered:
         """All-gather the parameters of ``message`` from their owners, issued through ``device``
-        on the calling thread; a future that completes once they are back in the parameters
-        (behind its events, on a device with streams: wait() for it before reading them)."""
+        on the calling thread; done once they are back in the parameters (behind its events, on
+        a device with streams: :meth:`Gathered.wait` before reading them)."""
         slices = message.slices
         if self.pairwise is not None and not self.separate:  # in place, no buffer
             mine = self._spans(slices, self.rank)
             theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
-            return device.issue(group, lambda: self.pairwise.exchange(mine, theirs))
+            return Gathered(device.issue(group, lambda: self.pairwise.exchange(mine, theirs)))
         mine = torch.cat([part for name, first, count in slices for part in self._own(self.index[name], first, count)])
         if self.wire is not None:
             mine = mine.to(self.wire)
+        return self._gathered(slices, mine, self.pairwise, group, device)
+
+    def _gathered(self, slices: Sequence[Slice], mine: torch.Tensor, pairwise: Pairwise | None,
+                  group: dist.ProcessGroup, device: Device, keep_versions: bool = False) -> Gathered:
+        """``mine`` (this rank's parts of ``slices``) all-gathered rank-major into a buffer and
+        copied from there into the parameters by a callback of the collective's future."""
         total = mine.numel()
         gathered = mine.new_empty(total * self.world)
-        if self.pairwise is not None:  # rank-major: rank r's part in slot r
+        if pairwise is not None:  # rank-major: rank r's part in slot r
             slot = [gathered[r * total:(r + 1) * total] for r in range(self.world)]
             slot[self.rank].copy_(mine)
-            future = device.issue(group, lambda: self.pairwise.exchange(
+            future = device.issue(group, lambda: pairwise.exchange(
                 [mine], {r: [slot[r]] for r in range(self.world) if r != self.rank}))
-        else:
+        else:  # NCCL's all_gather_into_tensor (or its emulation's, on gloo)
             future = device.issue(group, lambda: torch_api.all_gather_single(gathered, mine, group=group, async_op=True))
+        params = [self.params[self.index[name]] for name, _, _ in slices]
+        versions = tuple(map(torch_private.version, params)) if keep_versions else None
+        # the buffer is held by the record until the training thread waited (on NCCL a collective's
+        # future completes once queued, so the callback may run long after this returns)
+        return Gathered(future.then(partial(_unpacked, self, slices, gathered, versions)), gathered)
 
-        def unpack(done: torch.futures.Future) -> list[torch.Tensor]:
-            done.value()  # raises if the collective failed
-            # what it wrote (the child's CUDA events cover them); nothing written: the buffer, for an event anyway
-            return self.unpack(slices, gathered) or [gathered]
-
-        return future.then(unpack)
-
-
-    def gather_whole(self, indices: Sequence[int], pairwise: Pairwise, group: dist.ProcessGroup,
-                     device: Device) -> Any:
+    def gather_whole(self, indices: Sequence[int], pairwise: Pairwise | None, group: dist.ProcessGroup,
+                     device: Device) -> Gathered:
         """All-gather parameters ``indices`` whole into their own memory (allocated by the
-        caller), issued through ``device`` on the calling thread, on gloo in place: this rank's
-        shard is copied into its part, the others' parts are received straight into theirs.
-        Autograd's version counters are left as they were (a forward pass may have saved the
-        parameters; their values are the same ones again): the copy's count is undone at once,
-        and receiving counts none. The collective's future (on NCCL, or its emulation, complete
-        once queued: wait() for it before reading the parameters)."""
+        caller), issued through ``device`` on the calling thread. On gloo in place: this rank's
+        shard is copied into its part, the others' parts are received straight into theirs; on
+        NCCL (``pairwise`` None) into one buffer and copied out, as FSDP2 does. Autograd's version
+        counters are left as they were (a forward pass may have saved the parameters; their
+        values are the same ones again). Done once queued on NCCL (or its emulation): wait()
+        before reading the parameters."""
         params = [self.params[i] for i in indices]
-        versions = tuple(torch_private.version(p) for p in params)
         slices = [(self.names[i], 0, self.size[i]) for i in indices]
+        if pairwise is None:
+            mine = torch.cat([part for i in indices for part in self._own(i, 0, self.size[i])])
+            return self._gathered(slices, mine, None, group, device, keep_versions=True)
+        versions = tuple(torch_private.version(p) for p in params)
         with torch.no_grad():
             for i in indices:
                 shard = self.tensors[i]
@@ -309,7 +328,45 @@ class Shards:
         torch_private.set_versions(params, versions)
         mine = self._spans(slices, self.rank)
         theirs = {r: self._spans(slices, r) for r in range(self.world) if r != self.rank}
-        return device.issue(group, lambda: pairwise.exchange(mine, theirs))
+        return Gathered(device.issue(group, lambda: pairwise.exchange(mine, theirs)))
+
+
+def _unpacked(shards: Shards, slices: Sequence[Slice], gathered: torch.Tensor, versions: tuple | None,
+              done: torch.futures.Future) -> list[torch.Tensor]:
+    """A gather's callback: every rank's parts from the rank-major ``gathered`` into the
+    parameters (their version counters set back to ``versions`` where given). Returns what it
+    wrote and the buffer it read: on CUDA a future records its value's tensors as used by the
+    callback's stream, which orders its waiters after the copies and keeps the buffer's memory
+    from the next allocation until they ran (``record_stream``)."""
+    done.value()  # raises if the collective failed
+    written = shards.unpack(slices, gathered)
+    if versions is not None:
+        torch_private.set_versions([shards.params[shards.index[name]] for name, _, _ in slices], versions)
+    return [*written, gathered]
+
+
+class Gathered:
+    """An all-gather of parameters: done (on the host) once its future completed; its
+    parameters are in place behind the future's events (on a GPU: a stream that waited). It
+    holds the buffer the gather went through until the training thread waited for it."""
+
+    def __init__(self, future: Any, buffer: torch.Tensor | None = None) -> None:
+        self.future = future
+        self.buffer = buffer
+        self.done = threading.Event()
+        self.waited = False  # the training thread's stream is ordered after it
+        future.add_done_callback(lambda _: self.done.set())
+
+    def wait(self, timeout_s: float, what: str) -> None:
+        """The training thread's stream after the gather (raises if it failed or timed out)."""
+        if self.waited:
+            return
+        if not self.done.wait(timeout_s):
+            raise GradschedError(f"timed out after {timeout_s:.0f} s waiting for the all-gather of {what}: another "
+                                 "rank is stuck or did not step")
+        self.future.wait()  # NCCL: complete once queued; this orders the stream after it
+        self.waited = True
+        self.buffer = None  # the callback's stream used it: on CUDA its future recorded that
 
 
 def _coalesced(slices: Sequence[Slice], members: Sequence[int]) -> tuple[list[Slice], list[int]]:
@@ -388,8 +445,10 @@ class ReduceScatter(BaseTransport):
              on_sent: Callable[[], None] | None = None) -> Reduced:
         if self.pairwise is not None:
             return [self.pairwise.reduce_scatter(buffer, self.into.pop(id(buffer), None)) for buffer in buffers]
-        return [torch_api.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group,
-                                           async_op=True).get_future() for buffer in buffers]
+        # works: the device takes their futures (NCCL's; on gloo, which gives this collective none,
+        # only its emulation of NCCL comes here, and waits for the work itself)
+        return [torch_api.reduce_scatter_single(self.result_part(buffer), buffer, group=self.group, async_op=True)
+                for buffer in buffers]
 
     def close(self, wait: bool) -> None:
         if self.pairwise is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from gradsched.runtime import torch_api
 from gradsched.runtime.comm import wire_format
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.wire_format import StateKeys
-from gradsched.runtime.architectures.sharded.shards import Shards
+from gradsched.runtime.architectures.sharded.shards import Gathered, Shards
 from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.waits import ModuleWaits
@@ -73,27 +72,6 @@ def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
             "use architecture='allreduce'")
 
 
-class _Gathered:
-    """The all-gather of one message's parameters: done (on the host) once its future completed;
-    its parameters are in place behind the future's events (on a GPU: a stream that waited)."""
-
-    def __init__(self, future: Any) -> None:
-        self.future = future
-        self.done = threading.Event()
-        self.waited = False  # the training thread's stream is ordered after it
-        future.add_done_callback(lambda _: self.done.set())
-
-    def wait(self, timeout_s: float, what: str) -> None:
-        """The training thread's stream after the gather (raises if it failed or timed out)."""
-        if self.waited:
-            return
-        if not self.done.wait(timeout_s):
-            raise GradschedError(f"timed out after {timeout_s:.0f} s waiting for the all-gather of {what}: another "
-                                 "rank is stuck or did not step")
-        self.future.wait()  # NCCL: complete once queued; this orders the stream after it
-        self.waited = True
-
-
 class ShardedStep:
     def __init__(self, shards: Shards, exchange: Exchange, group: Callable[[], dist.ProcessGroup],
                  handover: Handover, updates: DeferredUpdates, timeout_s: float) -> None:
@@ -104,8 +82,8 @@ class ShardedStep:
         self.handover = handover
         self.updates = updates
         self.timeout_s = timeout_s
-        self._queued: Callable[[], list[tuple[list[int], _Gathered]]] | None = None
-        self._waiting: dict[int, list[_Gathered]] = {}  # parameter -> the gathers it waits for
+        self._queued: Callable[[], list[tuple[list[int], Gathered]]] | None = None
+        self._waiting: dict[int, list[Gathered]] = {}  # parameter -> the gathers it waits for
         self._presenting = True  # state_dict() shows the shards as DTensors (not inside full_state_dict)
         self._presented: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> a DTensor state_dict()
         #   made here (by identity: tensors compare elementwise)
@@ -189,11 +167,11 @@ class ShardedStep:
         messages = [plan.messages[k] for k in order]
         self._queued = self.exchange.after_launched(lambda: self._gather(messages))
 
-    def _gather(self, messages: Sequence[Any]) -> list[tuple[list[int], _Gathered]]:
+    def _gather(self, messages: Sequence[Any]) -> list[tuple[list[int], Gathered]]:
         """On the launcher thread, in the data group's order: every message's all-gather."""
         group = self.group()
         return [([self.shards.index[name] for name in m.tensors],
-                 _Gathered(self.shards.gather(m, group, self.device))) for m in messages]
+                 self.shards.gather(m, group, self.device)) for m in messages]
 
     @contextmanager
     def _on_shards(self, indices: Sequence[int]) -> Iterator[None]:
@@ -204,8 +182,9 @@ class ShardedStep:
         moved = []
         for i in indices:
             p, shard = shards.params[i], shards.tensors[i]
-            if p.grad is None or shard.numel() == 0:
-                continue
+            if p.grad is None:
+                continue  # (an empty shard steps: its state, empty, is what FSDP2's ranks hold and what
+                #           torch.distributed.checkpoint expects from every rank)
             shard.grad = self._local_grad(i)
             if p in state:
                 state[shard] = self._shard_of_state(state.pop(p), p, i)
@@ -222,11 +201,17 @@ class ShardedStep:
 
     def _shard_of_state(self, entry: dict, p: torch.Tensor, i: int) -> dict:
         """A parameter's state for its shard: state made whole (an optimizer that fills it in its
-        constructor, Adagrad) is cut to this rank's part, once; 1/n of it is kept."""
+        constructor, Adagrad; a full state loaded) is cut to this rank's part, once; 1/n of it is
+        kept. A 0-dimensional parameter's (saved as one value) becomes its one-element shard's,
+        its step aside (torch's optimizers keep ``step`` as a 0-dimensional tensor of their own)."""
         shard, start = self.shards.tensors[i], self.shards.start[i]
         for key, value in entry.items():
-            if torch.is_tensor(value) and value.shape == p.shape and value.numel() != shard.numel():
+            if not torch.is_tensor(value) or value.shape != p.shape:
+                continue
+            if value.numel() != shard.numel():
                 entry[key] = value.detach().reshape(-1)[start:start + shard.numel()].clone()
+            elif p.dim() == 0 and key != "step":
+                entry[key] = value.view(1)
         return entry
 
     def full_state_dict(self, rank0_only: bool = True) -> dict:
@@ -259,8 +244,8 @@ class ShardedStep:
 
         def gather() -> None:  # on the launcher: the data group's order
             group = self.group()
-            # a rank with an empty shard has no state for it; the keys travel in the wire format
-            known = wire_format.all_gather("state_keys", StateKeys(sorted(here)), group)
+            # the keys travel in the wire format (a rank may lack a parameter's state: one without a gradient)
+            known = wire_format.all_gather("state_keys", StateKeys(sorted(here)), group, shards.params[0].device)
             for i, key in sorted({tuple(k) for part in known for k in part.keys}):
                 entry = here.get((i, key))
                 joined = self._joined(i, entry[key] if entry is not None else None, group, rank0_only)
@@ -293,11 +278,15 @@ class ShardedStep:
 
     def _as_dtensor(self, i: int, value: Any) -> Any:
         """``value`` as a DTensor ``Shard(0)`` of parameter ``i``'s shape if it is this rank's
-        shard of a state tensor (else as it is: a whole tensor loaded from a full state, a step)."""
+        shard of a state tensor (this rank's rows; all of them where it owns every row, as rank
+        0 does a weight of one row), or as a 0-dimensional tensor if it is the state of a
+        0-dimensional parameter (replicated: every rank holds the whole value); else as
+        it is (a whole tensor loaded from a full state and not yet cut, a step)."""
         p, shard = self.shards.params[i], self.shards.tensors[i]
-        if not (torch.is_tensor(value) and value.dim() > 0 and p.dim() > 0 and value.numel() == shard.numel()
-                and value.numel() != p.numel()):
+        if not (torch.is_tensor(value) and value.dim() > 0 and value.numel() == shard.numel()):
             return value
+        if p.dim() == 0:
+            return value.view(())
         presented = DTensor.from_local(value.detach().view(-1, *p.shape[1:]), self.shards.mesh, [Shard(0)],
                                        shape=p.shape, stride=p.stride(), run_check=False)
         self._presented[id(presented)] = presented
@@ -428,9 +417,13 @@ class ShardedStep:
                                  "replacing gradients, or use torch.nn.utils.clip_grad_norm_ on the parameters")
         return None
 
-    def _valid_grads(self) -> list[torch.Tensor]:
-        return [self._local_grad(i) for i, (t, p) in enumerate(zip(self.shards.tensors, self.shards.params))
-                if p.grad is not None and t.numel()]
+    def _valid_grads(self, counted: bool = False) -> list[torch.Tensor]:
+        """This rank's shard of every gradient held (``counted``: those this rank counts in a norm,
+        a replicated scalar's on rank 0 alone)."""
+        shards = self.shards
+        return [self._local_grad(i) for i, (t, p) in enumerate(zip(shards.tensors, shards.params))
+                if p.grad is not None and t.numel()
+                and not (counted and i in shards.replicated and shards.rank != 0)]
 
     def clip_norm(self, max_norm: float, norm_type: float, error_if_nonfinite: bool,
                   foreach: bool | None) -> torch.Tensor:
@@ -445,7 +438,7 @@ class ShardedStep:
         grads = self._valid_grads()
         norm_type = float(norm_type)
         device = self.shards.params[0].device
-        norms = [torch.linalg.vector_norm(g, norm_type).to(torch.float64) for g in grads]
+        norms = [torch.linalg.vector_norm(g, norm_type).to(torch.float64) for g in self._valid_grads(counted=True)]
         if math.isinf(norm_type):
             part = torch.stack(norms).max() if norms else torch.zeros((), dtype=torch.float64, device=device)
             op = dist.ReduceOp.MAX
