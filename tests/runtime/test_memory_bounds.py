@@ -193,6 +193,54 @@ def test_fully_sharded_holds_whole_parameters_within_its_budget(world_of_one, bu
         assert max(b for kind, b in seen if kind == "backward") == LAYERS * layer  # kept from the forward pass
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_fully_sharded_starts_no_reduce_scatter_beside_a_gather(world_of_one, monkeypatch, first):
+    """The gathers go first: every gather is issued 30 ms late (in flight meanwhile), and each
+    reduce-scatter, once it may start, finds no gather in flight or due. With the rule taken out
+    (``first`` False: the reductions start as their plan allows, as before), some start beside
+    one: the backward pass frees a unit, and the next one's gather and the freed one's
+    reduce-scatter are due at once."""
+    import time
+
+    from gradsched.runtime.architectures.sharded import FullySharded, Sharded
+    from gradsched.runtime.architectures.sharded.shards import Shards
+
+    if not first:
+        monkeypatch.setattr(FullySharded, "before_reducing", Sharded.before_reducing)
+    gather_whole = Shards.gather_whole
+
+    def late(self, *args):
+        time.sleep(0.03)
+        return gather_whole(self, *args)
+
+    monkeypatch.setattr(Shards, "gather_whole", late)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=1e-3), "priority",
+                                        architecture="fully_sharded", profile_rounds=2)
+    backend = optimizer._coordinator.backend
+    gatherer = backend.stepping.gatherer
+    reduce_scatter = backend.exchange.launcher.transport.inner
+    before = reduce_scatter.before
+    beside = []  # at each reduce-scatter's start: whether a gather was in flight or due
+
+    def watched() -> None:
+        if before is not None:
+            before()
+        with gatherer.cond:
+            beside.append(gatherer.queue.holds_reductions())
+
+    reduce_scatter.before = watched
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        optimizer.zero_grad()
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.step()
+    optimizer.close()
+    assert len(beside) >= 4 * LAYERS
+    assert not any(beside) if first else any(beside), beside
+
+
 def test_fully_sharded_frees_what_autograd_saved_of_a_freed_parameter(world_of_one):
     """A linear layer's forward pass saves a transposed view of its weight for the backward pass:
     freeing the parameter must free that memory too (FSDP2 resizes the storage), else every

@@ -15,6 +15,9 @@ whole nor queued), never from local timing. *When* the head of the queue is issu
 * at once, with everything queued before it, when the training thread needs it (forced):
   the budget bounds prefetching only, so no order of needs can wait on itself.
 
+The gathers go first on the link: a reduce-scatter waits to start while a gather is in flight
+or may be issued (:meth:`GatherQueue.holds_reductions`).
+
 After a forward pass a unit is freed unless the backward pass is about to need it: the last
 units the previous forward pass ran, as many as fit in the budget beside one unit being
 gathered, stay whole (FSDP's ``reshard_after_forward=False`` for exactly those). A unit is
@@ -127,6 +130,24 @@ class GatherQueue:
     def settled(self) -> bool:
         """Nothing queued or in flight."""
         return not self._queue and UnitState.GATHERING not in self.state
+
+    def holds_reductions(self) -> bool:
+        """Whether a reduce-scatter should wait before it starts: a gather is in flight, or the
+        head of the queue may be issued now. The link is the gathers' first: a unit late stalls
+        the pass that needs it, a gradient's reduction only the step at the end of the backward
+        pass, and the reductions fill the link while no gather can go (a budget reached).
+
+        >>> q = GatherQueue([4, 4], budget=4)
+        >>> q.want([0, 1]); q.holds_reductions()  # the head may go
+        [0, 1]
+        True
+        >>> q.issue(); q.holds_reductions()  # in flight
+        0
+        True
+        >>> q.landed(0); q.holds_reductions()  # the next one waits for room: the link is free
+        False
+        """
+        return UnitState.GATHERING in self.state or self.issuable()
 
     # -- the gathering thread's side ------------------------------------------------------------
     def issuable(self) -> bool:

@@ -18,7 +18,7 @@ with :func:`fully_sharded_iteration_s`, gradsched's own ``architecture="fully_sh
 whose gathers follow the runtime's rules (:class:`gradsched.core.gathers.GatherQueue`:
 prefetched within a byte budget, a need forcing what is queued before it, the last layers
 kept from forward to backward as the budget allows), each layer's gradients reduce-scattered
-once its backward ends (``fifo``'s order), all on the one FIFO link.
+once its backward ends (``fifo``'s order) behind the gathers due then, all on the one FIFO link.
 
 >>> from gradsched.models.table import Layer, ModelTable, ParamSpec
 >>> model = ModelTable("three", tuple(Layer(f"l{i}", 1.0, 1.0, (ParamSpec(f"w{i}", 750),)) for i in range(3)))
@@ -29,6 +29,10 @@ once its backward ends (``fifo``'s order), all on the one FIFO link.
 14.5
 >>> fully_sharded_iteration_s(model, cluster, budget_bytes=2 * 3000)  # (3000 bytes a layer) keeps the last one
 13.0
+>>> fully_sharded_iteration_s(model, cluster)  # one layer whole at a time: each gather behind the one before
+17.5
+>>> fully_sharded_iteration_s(model, cluster, gathers_first=False)  # ... and behind a reduce-scatter in backward
+19.5
 >>> fully_sharded_iteration_s(model, cluster, budget_bytes=4 * 3000)  # all kept: gathered once an iteration
 11.0
 """
@@ -77,12 +81,13 @@ def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward:
 
 
 def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes: int | None = None,
-                              iterations: int = 6) -> float:
+                              iterations: int = 6, gathers_first: bool = True) -> float:
     """Steady-state seconds per iteration of ``architecture="fully_sharded"`` (every layer with
     parameters a unit; ``budget_bytes``: ``gather_budget_mb`` in bytes, None: the runtime's
     default, the largest layer's). Gathers are issued where the runtime's gathering
     thread is woken (a pass begins, a layer starts, a layer is freed) as far as the queue
-    allows."""
+    allows; with ``gathers_first`` (the runtime's rule) a layer's reduce-scatter waits behind
+    the gathers due when its backward pass ends, else it goes first."""
     if not cluster.kind.phases:
         raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded') or "
                          f"Cluster(arch='fully_sharded'), got {cluster.arch!r}")
@@ -133,8 +138,11 @@ def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes:
         for i in range(len(layers) - 1, -1, -1):  # backward
             start = need(i, t)
             t = start + layers[i].backward_s
+            if gathers_first:  # the gathers its freeing lets go ahead of its reduce-scatter
+                free(i, t)
             if sizes[i]:
                 done = max(done, link.submit(sizes[i], t).complete)
-            free(i, t)
+            if not gathers_first:
+                free(i, t)
         step = max(t, done)
     return starts[-1] - starts[-2]

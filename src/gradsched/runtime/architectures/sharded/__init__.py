@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -92,8 +92,12 @@ class Sharded(OnDataPlane):
         self.shards.pairwise = pairwise_for(topology.data, device)  # its all-gathers travel the way its reduce-scatters do
         self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
         self.shards.device = device
-        reduce_scatter = ReduceScatter(topology.data, self.shards.pairwise, self.shards.into)
+        reduce_scatter = ReduceScatter(topology.data, self.shards.pairwise, self.shards.into, self.before_reducing())
         return compressed(Issued(reduce_scatter, device, topology.data), config)
+
+    def before_reducing(self) -> Callable[[], None] | None:
+        """What each reduce-scatter waits for before it starts (nothing: the plan decides alone)."""
+        return None
 
     def hold_bytes(self, params: Sequence[torch.Tensor], config: RuntimeConfig) -> int | None:
         """``gradient_budget_mb`` in bytes (default: twice the largest gradient, one in flight while
@@ -138,6 +142,18 @@ class FullySharded(Sharded):
         return refused + [f"architecture='fully_sharded' does not support {what} yet; use architecture='sharded'"
                           for failed, what in more if failed]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.gatherer: Gatherer | None = None  # made by the stepping's attach (the reduce-scatters wait behind it)
+
+    def before_reducing(self) -> Callable[[], None]:
+        """The gathers go first: a reduce-scatter waits while one is in flight or due."""
+        def gathers_first() -> None:
+            if self.gatherer is not None:
+                self.gatherer.gathers_first()
+
+        return gathers_first
+
     def stepping(self, exchange: Exchange, handover: Handover, updates: DeferredUpdates, topology: Topology,
                  config: RuntimeConfig) -> FullyShardedStep:
         group = topology.gathers
@@ -146,7 +162,8 @@ class FullySharded(Sharded):
 
         def gatherer(units: Sequence[Sequence[int]]) -> Gatherer:
             budget = None if config.gather_budget_mb is None else _bytes(config.gather_budget_mb)
-            return Gatherer(shards, units, budget, pairwise, group, exchange.device, config.timeout)
+            self.gatherer = Gatherer(shards, units, budget, pairwise, group, exchange.device, config.timeout)
+            return self.gatherer
 
         return FullyShardedStep(shards, exchange, partial(getattr, topology, "data"), handover, updates,
                                 config.timeout, gatherer)

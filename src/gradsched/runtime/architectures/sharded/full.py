@@ -11,7 +11,8 @@ they are freed. Which gathers are issued, in what order and when is
 :class:`gradsched.core.gathers.GatherQueue`'s: prefetching ahead of need within
 ``gather_budget_mb`` of whole parameters alive at once (default: the largest unit, FSDP2's
 on a host),
-on a process group of its own (``gathers``), from one thread (:class:`Gatherer`).
+on a process group of its own (``gathers``), from one thread (:class:`Gatherer`), and ahead of
+the reduce-scatters: one waits to start while a gather is in flight or due.
 
 The parameters stay the model's own ``nn.Parameter`` objects: while freed their data is a
 single NaN seen in every place (no memory; autograd's saved tensors are the same objects and
@@ -116,6 +117,14 @@ class Gatherer:
             gathered = [self._gathered[u] for u in self.queue.whole()]
         for gather in gathered:
             gather.wait(max(0.0, deadline - time.monotonic()), what)
+
+    def gathers_first(self) -> None:
+        """Block the calling thread (the one starting a reduce-scatter) while the link is the
+        gathers' (:meth:`GatherQueue.holds_reductions`): a gather in flight, or one due now."""
+        deadline = time.monotonic() + self.timeout_s
+        with self.cond:
+            self._wait_until(lambda: self.stopping or not self.queue.holds_reductions(), deadline,
+                             "the all-gathers a reduce-scatter waits behind: another rank is stuck")
 
     def _wait_until(self, done: Callable[[], bool], deadline: float, waiting_for: str) -> None:
         """Under the lock: wait until ``done()`` (raises if a gather failed, or at ``deadline``)."""

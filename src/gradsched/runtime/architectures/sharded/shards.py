@@ -424,8 +424,10 @@ class ReduceScatter(BaseTransport):
     reduce-scattered in place: this rank's part of it then holds the average of its shard."""
 
     def __init__(self, group: dist.ProcessGroup, pairwise: Pairwise | None,
-                 into: dict[int, torch.Tensor] | None = None) -> None:
-        """``into``: where a buffer's result goes instead of its own part (``Shards.into``: gloo)."""
+                 into: dict[int, torch.Tensor] | None = None, before: Callable[[], None] | None = None) -> None:
+        """``into``: where a buffer's result goes instead of its own part (``Shards.into``: gloo);
+        ``before``: called before each message is sent (fully sharded: the gathers go first)."""
+        self.before = before
         self.group = group
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -443,6 +445,8 @@ class ReduceScatter(BaseTransport):
 
     def send(self, key: MessageKey, buffers: Sequence[torch.Tensor],
              on_sent: Callable[[], None] | None = None) -> Reduced:
+        if self.before is not None:
+            self.before()
         if self.pairwise is not None:
             return [self.pairwise.reduce_scatter(buffer, self.into.pop(id(buffer), None)) for buffer in buffers]
         # works: the device takes their futures (NCCL's; on gloo, which gives this collective none,
