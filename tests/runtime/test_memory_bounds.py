@@ -164,14 +164,15 @@ def test_fully_sharded_holds_whole_parameters_within_its_budget(world_of_one, bu
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
     layer = sum(p.numel() * p.element_size() for p in model[0].parameters())
+    seen = []
+    for p in model.parameters():  # its gradient computed, before gradsched's hooks (which free a unit
+        # whose gradients are all computed): the module's backward pass runs
+        p.register_hook(lambda grad: seen.append(("backward", whole_bytes(model))) or grad)
     wrapped, optimizer = gradsched.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "prophet",
                                         architecture="fully_sharded", gather_budget_mb=budget_mb,
                                         profile_rounds=2, replan_every=3)
-    seen = []
     for module in model:  # after gradsched's own hooks: the module's parameters are whole here
         module.register_forward_pre_hook(lambda m, args: seen.append(("forward", whole_bytes(model))))
-    for p in model.parameters():  # its gradient computed: the module's backward pass runs
-        p.register_hook(lambda grad: seen.append(("backward", whole_bytes(model))) or grad)
     gatherer = optimizer._coordinator.backend.stepping.gatherer
     generator = torch.Generator().manual_seed(3)
     for _ in range(5):

@@ -6,8 +6,8 @@ only its shard of every parameter.
 A *unit* is one module's own parameters (the modules of the Dependency Proxy's map). Before a
 unit's module runs forward, and again before its backward pass, its parameters are gathered
 whole into their own memory; after its forward pass they are freed unless the budget keeps them
-for the backward pass, and after the backward pass has accumulated all of their gradients
-they are freed. Which gathers are issued, in what order and when is
+for the backward pass, and once the backward pass has computed all of their gradients (before
+they are accumulated and handed over for their reduce-scatter) they are freed. Which gathers are issued, in what order and when is
 :class:`gradsched.core.gathers.GatherQueue`'s: prefetching ahead of need within
 ``gather_budget_mb`` of whole parameters alive at once (default: the largest unit, FSDP2's
 on a host),
@@ -238,7 +238,7 @@ class FullyShardedStep(ShardedStep):
         self._order: list[int] = []  # the units in the order the latest forward pass with gradients ended them
         self._ended: list[int] = []  # ... in the pass under way
         self._keep: set[int] = set()  # units that stay whole after their forward pass
-        self._accumulated: dict[int, int] = {}  # unit -> its parameters' gradients accumulated in this backward
+        self._computed_count: dict[int, int] = {}  # unit -> its parameters' gradients computed in this backward
         self._taken: set[str] = set()  # state_dict keys load_state_dict() took into the shards
         self._inside: dict[int, int] = {}  # unit of several modules -> how many of them are in their forward pass
 
@@ -260,8 +260,10 @@ class FullyShardedStep(ShardedStep):
                     for module, u in self._module_unit.items()]
         handles.append(waits.model.register_forward_pre_hook(Hook(self._before_pass)))
         handles.append(waits.model.register_forward_hook(Hook(self._after_pass)))
-        handles += [p.register_post_accumulate_grad_hook(partial(self._accumulated_into, self.unit_of[i]))
-                    for i, p in enumerate(params)]
+        # on each gradient as it is computed, before it is accumulated and handed over to the plane
+        # (whose post-accumulate hooks come next): a unit is freed, and the next one's gather due,
+        # before its last gradient's reduce-scatter may start, which then waits behind the gather
+        handles += [p.register_hook(partial(self._computed, self.unit_of[i])) for i, p in enumerate(params)]
         # (torch marks a hook function as its public API's: a bound method cannot carry the mark)
         handles.append(waits.model.register_state_dict_post_hook(partial(FullyShardedStep._sharded_state, self)))
         handles.append(waits.model.register_load_state_dict_pre_hook(partial(FullyShardedStep._load_shards, self)))
@@ -354,18 +356,18 @@ class FullyShardedStep(ShardedStep):
         if self.gatherer is None or not torch.is_grad_enabled():
             return
         self._order = list(dict.fromkeys(self._ended))
-        self._accumulated = {}
+        self._computed_count = {}
         self.gatherer.want(list(reversed(self._order)))
 
     def _before_backward(self, u: int, grads: Any) -> None:
         if self.gatherer is not None:
             self.gatherer.wait_whole([u], f"the parameters of unit {u} (backward)")
 
-    def _accumulated_into(self, u: int, p: torch.Tensor) -> None:
-        """A gradient accumulated into a parameter of unit ``u``: once all of them have, its
-        backward pass is over and the unit is freed."""
-        count = self._accumulated.get(u, 0) + 1
-        self._accumulated[u] = count
+    def _computed(self, u: int, grad: torch.Tensor) -> None:
+        """A gradient of a parameter of unit ``u`` computed: once all of them are, its backward
+        pass is over (autograd has run what read its parameters) and the unit is freed."""
+        count = self._computed_count.get(u, 0) + 1
+        self._computed_count[u] = count
         if self.gatherer is not None and count == len(self.gatherer.units[u]):
             self.gatherer.free(u)
 
