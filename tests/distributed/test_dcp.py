@@ -55,6 +55,7 @@ def test_more_round_trips(tmp_path, saved, loaded, world, api):
     round_trip(tmp_path, saved, loaded, world, api)
 
 
+@pytest.mark.torch_range  # what set_state_dict requires of every rank differs across torch versions
 @pytest.mark.parametrize("saved,loaded,world", [("sharded", "allreduce", 2), ("allreduce", "sharded", 3),
                                                 pytest.param("sharded", "sharded", 3, marks=pytest.mark.slow)])
 def test_empty_shards_and_a_0_dimensional_parameter_round_trip(tmp_path, saved, loaded, world):

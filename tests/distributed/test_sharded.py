@@ -74,8 +74,8 @@ def test_a_0_dimensional_parameter_is_replicated_and_equals_ddp(tmp_path):
     by rows: every rank holds it and its state, receives its average and steps it alike. Its
     ``.grad`` is a replicated DTensor, so torch's clipping counts it once, as gradsched's own."""
     check(reports(tmp_path, 2, "--scalar", "--policies", "prophet",
-                  "--cases", "wrap:adam,torchclip:adamw-groups,clip:sgd,checkpoint:adamw-groups,compress:adamw-groups,"
-                             "scaler:adam"), 2, 6)
+                  "--cases", "wrap:adam,torchclip:adamw-groups,clip:sgd,checkpoint:adamw-groups,"
+                             "compress:adamw-groups,scaler:adam"), 2, 6)
 
 
 FULLY = ("--architecture", "fully_sharded")

@@ -89,7 +89,8 @@ class Sharded(OnDataPlane):
                   comm_hook: CommHook | None) -> Transport:
         from torch.distributed.device_mesh import DeviceMesh
 
-        self.shards.pairwise = pairwise_for(topology.data, device)  # its all-gathers travel the way its reduce-scatters do
+        # its all-gathers travel the way its reduce-scatters do
+        self.shards.pairwise = pairwise_for(topology.data, device)
         self.shards.mesh = DeviceMesh.from_group(topology.tensors, params[0].device.type)
         self.shards.device = device
         reduce_scatter = ReduceScatter(topology.data, self.shards.pairwise, self.shards.into, self.before_reducing())

@@ -7,12 +7,12 @@ A *unit* is one module's own parameters (the modules of the Dependency Proxy's m
 unit's module runs forward, and again before its backward pass, its parameters are gathered
 whole into their own memory; after its forward pass they are freed unless the budget keeps them
 for the backward pass, and once the backward pass has computed all of their gradients (before
-they are accumulated and handed over for their reduce-scatter) they are freed. Which gathers are issued, in what order and when is
-:class:`gradsched.core.gathers.GatherQueue`'s: prefetching ahead of need within
-``gather_budget_mb`` of whole parameters alive at once (default: the largest unit, FSDP2's
-on a host),
-on a process group of its own (``gathers``), from one thread (:class:`Gatherer`), and ahead of
-the reduce-scatters: one waits to start while a gather is in flight or due.
+they are accumulated and handed over for their reduce-scatter) they are freed. Which gathers
+are issued, in what order and when is :class:`gradsched.core.gathers.GatherQueue`'s:
+prefetching ahead of need within ``gather_budget_mb`` of whole parameters alive at once
+(default: the largest unit, FSDP2's on a host), on a process group of its own (``gathers``),
+from one thread (:class:`Gatherer`), and ahead of the reduce-scatters: one waits to start
+while a gather is in flight or due.
 
 The parameters stay the model's own ``nn.Parameter`` objects: while freed their data is a
 single NaN seen in every place (no memory; autograd's saved tensors are the same objects and

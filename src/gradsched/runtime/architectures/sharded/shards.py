@@ -299,7 +299,8 @@ class Shards:
             future = device.issue(group, lambda: pairwise.exchange(
                 [mine], {r: [slot[r]] for r in range(self.world) if r != self.rank}))
         else:  # NCCL's all_gather_into_tensor (or its emulation's, on gloo)
-            future = device.issue(group, lambda: torch_api.all_gather_single(gathered, mine, group=group, async_op=True))
+            future = device.issue(group, lambda: torch_api.all_gather_single(gathered, mine, group=group,
+                                                                             async_op=True))
         params = [self.params[self.index[name]] for name, _, _ in slices]
         versions = tuple(map(torch_private.version, params)) if keep_versions else None
         # the buffer is held by the record until the training thread waited (on NCCL a collective's
