@@ -57,6 +57,8 @@ def test_more_round_trips(tmp_path, saved, loaded, world, api):
 
 @pytest.mark.torch_range  # what set_state_dict requires of every rank differs across torch versions
 @pytest.mark.parametrize("saved,loaded,world", [("sharded", "allreduce", 2), ("allreduce", "sharded", 3),
+                                                ("fully_sharded", "sharded", 2),
+                                                pytest.param("sharded", "fully_sharded", 3, marks=pytest.mark.slow),
                                                 pytest.param("sharded", "sharded", 3, marks=pytest.mark.slow)])
 def test_empty_shards_and_a_0_dimensional_parameter_round_trip(tmp_path, saved, loaded, world):
     """A weight of one row (every rank but rank 0 holds an empty shard of it, and no state) and

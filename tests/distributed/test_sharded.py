@@ -72,10 +72,14 @@ def test_two_policies_equal_ddp_through_both_apis_with_clipping_accumulation_and
 def test_a_0_dimensional_parameter_is_replicated_and_equals_ddp(tmp_path):
     """A learnable scalar (a temperature on the logits, as CLIP's ``logit_scale``) cannot be cut
     by rows: every rank holds it and its state, receives its average and steps it alike. Its
-    ``.grad`` is a replicated DTensor, so torch's clipping counts it once, as gradsched's own."""
+    ``.grad`` is a replicated DTensor, so torch's clipping counts it once, as gradsched's own.
+    Under fully sharded too (its unit, the root module, gathers it from this rank's own copy;
+    ``model.state_dict()`` gives it as a replicated DTensor)."""
     check(reports(tmp_path, 2, "--scalar", "--policies", "prophet",
                   "--cases", "wrap:adam,torchclip:adamw-groups,clip:sgd,checkpoint:adamw-groups,"
                              "compress:adamw-groups,scaler:adam"), 2, 6)
+    check(reports(tmp_path, 2, "--scalar", *FULLY, "--policies", "fifo",
+                  "--cases", "wrap:adam,torchclip:adamw-groups,checkpoint:adamw-groups,ddp:sgd"), 2, 4)
 
 
 FULLY = ("--architecture", "fully_sharded")
@@ -155,10 +159,8 @@ def test_what_sharding_does_not_do_yet_is_refused_at_once(world_of_one):
     for options, said in (({"compression": "bf16"}, "compression='bf16'"),
                           ({"find_unused_parameters": True}, "find_unused_parameters=True .its parameters are "
                                                              "gathered as each module runs"),
-                          ({}, "0-dimensional parameters"), ({}, "share memory")):
+                          ({}, "share memory")):
         model = torch.nn.Linear(4, 2)
-        if said.startswith("0-dim"):
-            model.scale = torch.nn.Parameter(torch.tensor(1.0))
         if said == "share memory":
             model.weight = torch.nn.Parameter(torch.zeros(10)[:8].view(2, 4))
         with pytest.raises(GradschedError, match=f"architecture='fully_sharded' does not support .*{said}"):

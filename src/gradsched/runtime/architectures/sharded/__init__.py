@@ -137,7 +137,6 @@ class FullySharded(Sharded):
                                                 "module runs, so every rank must run the same modules in the same "
                                                 "order, as under FSDP2: a module unused on some ranks would be "
                                                 "gathered by the others alone)"),
-                (any(p.dim() == 0 for p in params), "0-dimensional parameters (a scalar cannot be cut by rows)"),
                 (not own, "parameters that share memory or are views of a larger tensor (each is freed whole "
                           "between uses)")]
         return refused + [f"architecture='fully_sharded' does not support {what} yet; use architecture='sharded'"

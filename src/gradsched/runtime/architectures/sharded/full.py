@@ -153,7 +153,7 @@ class Gatherer:
             storage = self._storage.get(i)
             if storage is not None and storage.nbytes():  # used by this thread's stream (gathered on another)
                 self.device.used_here(p.data)
-            p.data = torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
+            p.data = torch.full((1,) * p.dim(), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
             if storage is not None:
                 storage.resize_(0)
 

@@ -182,11 +182,14 @@ class Shards:
 
     def param_of(self, i: int) -> torch.Tensor:
         """Parameter ``i``'s value as torch sees a sharded one (fully sharded's ``state_dict()``
-        entry): a DTensor whose local part is this rank's shard (``Shard(0)``), over the shard's
-        own memory; ``full_tensor()`` (a collective) gives it whole."""
-        from torch.distributed.tensor import DTensor, Shard
+        entry): a DTensor whose local part is this rank's shard (``Shard(0)``; a scalar's
+        ``Replicate``), over the shard's own memory; ``full_tensor()`` (a collective) gives it whole."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
         p = self.params[i]
+        if i in self.replicated:  # a scalar: every rank's, whole
+            return DTensor.from_local(self.tensors[i].detach().view(()), self.mesh, [Replicate()], shape=p.shape,
+                                      stride=p.stride(), run_check=False)
         local = self.tensors[i].detach().view(-1, *p.shape[1:])
         return DTensor.from_local(local, self.mesh, [Shard(0)], shape=p.shape, stride=p.stride(), run_check=False)
 
