@@ -171,23 +171,22 @@ def broadcast(kind: str, body: Any, src: int, group: dist.ProcessGroup | None) -
 def all_gather(kind: str, body: Any, group: dist.ProcessGroup | None, device: torch.device | None = None) -> list[Any]:
     """Every rank's ``body``, decoded, in rank order of ``group`` (``device``: where the group's
     backend takes its tensors, CUDA for NCCL; the bytes travel there and back)."""
-    on = (lambda t: t) if device is None or device.type == "cpu" else (lambda t: t.to(device))
+    there = device is not None and device.type != "cpu"
+    moved = (lambda t: t.to(device)) if there else (lambda t: t)
     payload = _tensor(encode(kind, body))
     world = dist.get_world_size(group)
-    sizes = [on(torch.zeros(1, dtype=torch.int64)) for _ in range(world)]
-    dist.all_gather(sizes, on(torch.tensor([payload.numel()], dtype=torch.int64)), group=group)
+    sizes = [moved(torch.zeros(1, dtype=torch.int64)) for _ in range(world)]
+    dist.all_gather(sizes, moved(torch.tensor([payload.numel()], dtype=torch.int64)), group=group)
     ranks = dist.get_process_group_ranks(group) if group is not None else range(world)
     longest = max(_size(int(n.item()), f"rank {rank}") for rank, n in zip(ranks, sizes))
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: payload.numel()] = payload
     received = [_received(longest) for _ in range(world)]
-    if device is None or device.type == "cpu":
-        dist.all_gather([tensor for _, tensor in received], padded, group=group)
-    else:
-        arrived = [on(torch.empty(longest, dtype=torch.uint8)) for _ in range(world)]
-        dist.all_gather(arrived, on(padded), group=group)
-        for (_, tensor), there in zip(received, arrived):
-            tensor.copy_(there.cpu())
+    arrived = [moved(torch.empty(longest, dtype=torch.uint8)) if there else tensor for _, tensor in received]
+    dist.all_gather(arrived, moved(padded), group=group)
+    for (_, tensor), came in zip(received, arrived):
+        if came is not tensor:
+            tensor.copy_(came.cpu())
     return [decode(bytes(memory[: int(size.item())]), kind, f"rank {rank}")
             for rank, (memory, _), size in zip(ranks, received, sizes)]
 

@@ -127,6 +127,10 @@ class FullySharded(Sharded):
     gathers_parameters = True
     separate_shards = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.gatherer: Gatherer | None = None  # made by the stepping's attach (the reduce-scatters wait behind it)
+
     def refusals(self, params: Sequence[torch.Tensor], config: RuntimeConfig, backend: str) -> list[str]:
         refused = super().refusals(params, config, backend)
         storages = [p.untyped_storage() for p in params]
@@ -141,10 +145,6 @@ class FullySharded(Sharded):
                           "between uses)")]
         return refused + [f"architecture='fully_sharded' does not support {what} yet; use architecture='sharded'"
                           for failed, what in more if failed]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gatherer: Gatherer | None = None  # made by the stepping's attach (the reduce-scatters wait behind it)
 
     def before_reducing(self) -> Callable[[], None]:
         """The gathers go first: a reduce-scatter waits while one is in flight or due."""

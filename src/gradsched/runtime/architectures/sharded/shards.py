@@ -161,7 +161,7 @@ class Shards:
                 buffer = torch.zeros(self.size[i], dtype=p.dtype, device=p.device)
         if self.device is not None:  # made on the launcher's stream; freed by zero_grad() after the training
             self.device.used_here(buffer)  # stream's use (the optimizer's step): not reused before that ran
-        if p.dim() == 0:  # replicated: every rank holds the average
+        if i in self.replicated:  # every rank holds the average
             local, placement = buffer[:1].view(()), Replicate()
         else:
             local = buffer[:shard.numel()].view(-1, *p.shape[1:])
