@@ -67,6 +67,43 @@ def test_trace_is_valid_chrome_json_without_overlaps_per_track(capsys, tmp_path,
         assert all(a_end <= b_start + 1e-6 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
 
+def test_fully_sharded_is_simulated_per_policy_with_the_gathers_on_the_link_track(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    code, out, err = run(capsys, "simulate", "--model", "resnet50", "--bandwidth", "3Gbit", "--workers", "2",
+                         "--arch", "fully_sharded", "--policy", "fifo,bytescheduler,prophet", "--iterations", "8",
+                         "--json", "--trace", str(trace))
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    assert [r["policy"] for r in results] == ["fifo", "bytescheduler", "prophet"]
+    # a fully sharded rank moves half again an all-reduce's bytes (a gather before each forward
+    # and backward, a reduce-scatter after): the link is busy for more than the bound's communication
+    for r in results:
+        assert r["iteration_s"] * r["link_utilisation"] > 1.4 * r["bound_s"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    wire = {(e["pid"], e["tid"]) for e in events if e.get("name") == "thread_name"
+            and e["args"]["name"] == "link (bytes on the wire)"}
+    assert len(wire) == 3  # one per policy
+    for track in wire:
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) == track)
+        assert len(spans) > 1000  # the gathers: one per layer with parameters, twice an iteration
+        assert all(a_end <= b_start + 1e-6 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_the_budgets_reach_the_simulation(capsys):
+    """A gather budget that holds VGG-16 whole gathers it once, after the step, as sharded does; a
+    gradient budget of one convolution's gradients holds the backward pass back."""
+    def seconds(*argv):
+        code, out, err = run(capsys, "simulate", "--model", "vgg16", "--workers", "2", "--bandwidth", "5Gbit",
+                             "--policy", "prophet", "--iterations", "8", "--json", *argv)
+        assert code == 0, err
+        return json.loads(out)["results"][0]["iteration_s"]
+
+    whole = seconds("--arch", "fully_sharded", "--gather-budget", "1GiB", "--gradient-budget", "inf")
+    assert whole == pytest.approx(seconds("--arch", "sharded", "--gradient-budget", "inf"))
+    assert seconds("--arch", "fully_sharded") > 1.2 * whole
+    assert seconds("--arch", "sharded", "--gradient-budget", "4MiB") > 1.05 * whole
+
+
 def test_plots_are_written(capsys, tmp_path):
     for extra in (["--bandwidth", "10Gbit"], ["--sweep-bandwidth", "5,50"]):
         png = tmp_path / f"p{len(extra[1])}.png"
@@ -114,7 +151,11 @@ def test_models_lists_everything(capsys):
         (["simulate", "--workers", "two"], "invalid int value"),
         (["simulate", "--servers", "2"], "--servers needs --arch ps"),
         (["simulate", "--arch", "ring"], "invalid choice"),
-        (["simulate", "--arch", "fully_sharded"], "does not model parameters gathered in the forward pass"),
+        (["simulate", "--gather-budget", "1MiB"], "--gather-budget needs --arch fully_sharded"),
+        (["simulate", "--arch", "sharded", "--gather-budget", "1MiB"], "--gather-budget needs --arch fully_sharded"),
+        (["simulate", "--gradient-budget", "inf"], "--gradient-budget needs --arch sharded or fully_sharded"),
+        (["simulate", "--arch", "sharded", "--gradient-budget", "lots"], "--gradient-budget: invalid size 'lots'"),
+        (["simulate", "--arch", "fully_sharded", "--gather-budget", "0"], "--gather-budget must be at least 1 byte"),
         (["simulate", "--sweep-bandwidth", "1,2", "--trace", "t.json"], "--trace needs a single bandwidth"),
         (["simulate", "--plot", "/no/such/dir/p.png"], "does not exist"),
         (["simulate", "--trace", "/"], "is a folder; give a file name"),

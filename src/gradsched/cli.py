@@ -27,7 +27,7 @@ from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
-from .units import parse_duration
+from .units import parse_bytes, parse_duration
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--set", action="append", default=[], metavar="POLICY.OPTION=VALUE",
                      help="change a policy option, e.g. bytescheduler.credit_bytes=8MiB (repeatable; "
                           "'gradsched models' lists the options)")
+    sim.add_argument("--gradient-budget", metavar="SIZE",
+                     help="--arch sharded/fully_sharded: the gradients a rank holds before they are reduced "
+                          "(gradient_budget_mb), e.g. 64MiB, or inf (default: the runtime's, twice the largest)")
+    sim.add_argument("--gather-budget", metavar="SIZE",
+                     help="--arch fully_sharded: whole parameters prefetching may hold (gather_budget_mb), e.g. "
+                          "256MiB (default: the runtime's, the largest layer's)")
     sim.add_argument("--iterations", type=int, default=30, help="simulated iterations (default 30)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     sim.add_argument("--trace", help="write a Chrome trace (Perfetto, chrome://tracing) of every policy")
@@ -119,12 +125,33 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     arch = kind(args.arch)
     if args.servers and not arch.servers:
         raise UsageError("--servers needs --arch ps")
-    if not arch.simulated:
-        raise UsageError(f"--arch {arch.name}: the simulator's engine does not model parameters gathered in the "
-                         "forward pass (gradsched.sim.fsdp.fully_sharded_iteration_s does, for one schedule); "
-                         "--arch sharded models the same gradient messages")
     cast = _cast_cost(args)
     return [Cluster(args.workers, b, latency, args.arch, args.servers, cast_s_per_byte=cast) for b in rates]
+
+
+def _budgets(args: argparse.Namespace, cluster: Cluster) -> dict:
+    """The sharded architectures' budgets given (``simulate``'s keywords)."""
+    budgets: dict = {}
+    if args.gradient_budget is not None:
+        if not cluster.kind.phases:
+            raise UsageError("--gradient-budget needs --arch sharded or fully_sharded")
+        budgets["hold_bytes"] = None if args.gradient_budget.strip().lower() == "inf" else _size(args.gradient_budget,
+                                                                                                 "--gradient-budget")
+    if args.gather_budget is not None:
+        if not cluster.kind.gathers:
+            raise UsageError("--gather-budget needs --arch fully_sharded")
+        budgets["gather_budget_bytes"] = _size(args.gather_budget, "--gather-budget")
+    return budgets
+
+
+def _size(text: str, flag: str) -> int:
+    try:
+        size = parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if size < 1:
+        raise UsageError(f"{flag} must be at least 1 byte, got {text!r}")
+    return size
 
 
 def _cast_cost(args: argparse.Namespace) -> float:
@@ -158,7 +185,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         require("matplotlib", "plot")  # now, not after the simulations
     with Progress("simulating", len(clusters) * len(configs), lines=False) as show:
         rows = compare(table, clusters, configs, args.iterations, record=timelines,
-                       progress=None if args.json else show)
+                       progress=None if args.json else show, **_budgets(args, clusters[0]))
     if args.json:
         print(json.dumps(rows_json(table, rows, args.iterations)))
     else:

@@ -242,6 +242,44 @@ def test_fully_sharded_starts_no_reduce_scatter_beside_a_gather(world_of_one, mo
     assert not any(beside) if first else any(beside), beside
 
 
+@pytest.mark.parametrize("architecture", ["fully_sharded", "sharded"])
+def test_the_plans_of_measured_rounds_are_made_beside_the_backward_passs_gathers(world_of_one, monkeypatch,
+                                                                                  architecture):
+    """Fully sharded: once ready times are measured, every plan is made with the backward pass's
+    gathers on the link (``make_plan``'s ``gathers``): the units in the order the forward pass ran
+    them, their whole bytes and the budget the gatherer uses. Sharded gathers after the step:
+    nothing shares its backward pass's link."""
+    from gradsched.runtime.planning import planner
+
+    made = []
+    make_plan = planner.make_plan
+
+    def recording(*args, **kwargs):
+        made.append(kwargs.get("gathers"))
+        return make_plan(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "make_plan", recording)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    wrapped, optimizer = gradsched.wrap(model, torch.optim.SGD(model.parameters(), lr=1e-3), "priority",
+                                        architecture=architecture, profile_rounds=2, replan_every=1)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(6):
+        optimizer.zero_grad()
+        wrapped(torch.randn(8, WIDTH, generator=generator)).square().mean().backward()
+        optimizer.step()
+    optimizer.close()
+    assert len(made) >= 2, made
+    if architecture == "sharded":
+        assert made == [None] * len(made)
+        return
+    assert made[0] is None  # nothing measured yet
+    layer = 4 * (WIDTH * WIDTH + WIDTH)
+    assert all(g is not None for g in made[1:]), made
+    assert made[-1].names == tuple((f"{i}.weight", f"{i}.bias") for i in range(LAYERS))
+    assert made[-1].sizes == (layer,) * LAYERS and made[-1].budget == layer
+
+
 def test_fully_sharded_frees_what_autograd_saved_of_a_freed_parameter(world_of_one):
     """A linear layer's forward pass saves a transposed view of its weight for the backward pass:
     freeing the parameter must free that memory too (FSDP2 resizes the storage), else every

@@ -99,11 +99,14 @@ def test_casts_are_not_counted_as_link_time():
     assert cast.link_utilisation * cast.iteration_s == pytest.approx(busy)
 
 
-def test_fully_sharded_has_the_links_of_sharded_and_the_engine_says_it_does_not_model_it():
+def test_fully_sharded_has_the_links_of_sharded_and_its_budgets_only_where_they_apply():
     from gradsched.models.table import Layer, ModelTable, ParamSpec
     from gradsched.sim import simulate
 
     full, sharded = Cluster(workers=4, arch="fully_sharded"), Cluster(workers=4, arch="sharded")
     assert full.phase_seconds_per_byte == sharded.phase_seconds_per_byte == sharded.seconds_per_byte / 2
-    with pytest.raises(ValueError, match="gradsched.sim.fsdp.fully_sharded_iteration_s"):
-        simulate(ModelTable("one", (Layer("l", 0.1, 0.2, (ParamSpec("w", 1000),)),)), full, "fifo")
+    one = ModelTable("one", (Layer("l", 0.1, 0.2, (ParamSpec("w", 1000),)),))
+    with pytest.raises(ValueError, match="gather budget applies to Cluster.arch='fully_sharded'"):
+        simulate(one, sharded, "fifo", gather_budget_bytes=4000)
+    with pytest.raises(ValueError, match="gradient budget applies to the sharded architectures"):
+        simulate(one, Cluster(workers=4), "fifo", hold_bytes=4000)

@@ -5,14 +5,14 @@ ran) and the setting they were measured in."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core import MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
-from ..sim.fsdp import fsdp_iteration_s, fully_sharded_iteration_s
+from ..sim.fsdp import fsdp_iteration_s
 from .config import BASELINES, FSDP2, BenchConfig
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
 from .results import RankReport, RunReport
@@ -125,20 +125,19 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
         run = config.run_named(policy)
         base = run.policy
         # predict what actually ran (the simulator does not model clipping's wait for every reduction)
-        if work.table is not None and base not in BASELINES and not run.clip and not run.fully_sharded:
+        if work.table is not None and base not in BASELINES and not run.clip:
             # the layers' times scaled so that compute matches the compute-only time (which
             # includes the optimizer step the table lacks): the prediction tests scheduling,
             # not the tc rate or the device preset
             table = work.table.on_the_wire(2) if config.compression else work.table
             ran = _ran(config, run, result, table.gradient_bytes / work.table.gradient_bytes)
-            where = link_cluster(link, config.workers, sharded=True) if run.sharded else predicting
+            where = link_cluster(link, config.workers, sharded=True) if run.sharded or run.fully_sharded else predicting
+            if run.fully_sharded:  # the gathers' queue and the policy's reduce-scatters on one link
+                where = replace(where, arch="fully_sharded")
             row.predicted_s = predict(scaled(table, compute), where, ran)
         elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
             row.predicted_s = fsdp_iteration_s(scaled(work.table, compute),
                                                   link_cluster(link, config.workers, sharded=True), FSDP2[base])
-        elif work.table is not None and run.fully_sharded:  # the gathers' queue, each layer reduce-scattered in turn
-            row.predicted_s = fully_sharded_iteration_s(scaled(work.table, compute),
-                                                        link_cluster(link, config.workers, sharded=True))
         setting.rows.append(row)
     return setting
 

@@ -25,11 +25,6 @@ class Kind:
     phases: bool = False  # a message is one phase of an all-reduce (a reduce-scatter, or the all-gather after)
     gathers: bool = False  # the parameters are whole only around their use, gathered in the forward pass
 
-    @property
-    def simulated(self) -> bool:
-        """Whether the simulator's engine models it (fully sharded: :mod:`gradsched.sim.fsdp`)."""
-        return not self.gathers
-
 
 KINDS: tuple[Kind, ...] = (
     Kind("allreduce", "all-reduce among the workers"),

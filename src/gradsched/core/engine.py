@@ -29,6 +29,28 @@ from .estimator import CompletionTimer, LinkEstimator
 from .task import CommTask, Message, TaskState, TensorSpec
 
 
+def message_hold(hold_bytes: int | None) -> int | None:
+    """What one message may carry of whole gradients (the engine's ``hold_bytes``) under a rank's
+    gradient budget ``hold_bytes``: half of it, so that one message in flight and the next one
+    filling fit in the budget together, and the link never waits for a backward pass that waits
+    for it.
+
+    >>> message_hold(10), message_hold(None)
+    (5, None)
+    """
+    return None if hold_bytes is None else max(1, hold_bytes // 2)
+
+
+def default_hold(sizes: Sequence[int]) -> int:
+    """A sharded rank's gradient budget when none is given (``gradient_budget_mb``): twice the
+    largest gradient, one in flight while the next waits.
+
+    >>> default_hold([4, 9, 2])
+    18
+    """
+    return 2 * max(sizes, default=1)
+
+
 class SchedulerError(RuntimeError):
     """The engine was fed an impossible event sequence (e.g. a tensor ready twice)."""
 

@@ -38,6 +38,7 @@ freed once its gradients are all accumulated in the backward pass.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Sequence
 
@@ -52,6 +53,17 @@ def default_budget(sizes: Sequence[int]) -> int:
     9
     """
     return max(sizes, default=1)
+
+
+@dataclass(frozen=True)
+class GatherModel:
+    """What a rank's gathers are, for plans made beside them: each unit's parameters (their
+    gradients' names) and whole bytes, the units in the order the forward pass runs them, and
+    the budget of whole parameters."""
+
+    names: tuple[tuple[str, ...], ...]
+    sizes: tuple[int, ...]
+    budget: int
 
 
 class UnitState(Enum):

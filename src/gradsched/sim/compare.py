@@ -58,18 +58,20 @@ def compare(
     iterations: int = 30,
     record: bool = False,
     progress: Callable[[str], None] | None = None,
+    **budgets: int | None,
 ) -> list[Row]:
     """Simulate every policy on every cluster. fifo is always simulated as the reference
-    for ``speedup_vs_fifo``; it gets a row only if asked for."""
+    for ``speedup_vs_fifo``; it gets a row only if asked for. ``budgets``: the sharded
+    architectures' (``simulate``'s ``hold_bytes`` and ``gather_budget_bytes``)."""
     configs = [policy_config(p) if isinstance(p, str) else p for p in policies]
     rows = []
     for cluster in clusters:
         fifo = next((c for c in configs if c.name == "fifo"), None)
-        reference = simulate(model, cluster, fifo or policy_config("fifo"), iterations, record)
+        reference = simulate(model, cluster, fifo or policy_config("fifo"), iterations, record, **budgets)
         for config in configs:
             if progress:
                 progress(f"{config.name} at {format_bandwidth(cluster.bandwidth_bps)}")
-            result = reference if config is fifo else simulate(model, cluster, config, iterations, record)
+            result = reference if config is fifo else simulate(model, cluster, config, iterations, record, **budgets)
             rows.append(Row(result, reference.iteration_s / result.iteration_s))
     return rows
 

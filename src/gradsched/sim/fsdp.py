@@ -39,10 +39,15 @@ once its backward ends (``fifo``'s order) behind the gathers due then, all on th
 
 from __future__ import annotations
 
-from ..core.gathers import GatherQueue, UnitState, default_budget
+from dataclasses import replace
+
+from ..core import policy_config
+from ..core.base import PolicyConfig
+from ..core.policies import FifoConfig
 from ..models.table import ModelTable
 from .cluster import Cluster
 from .network import Network
+from .simulator import simulate
 
 
 def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward: bool = True,
@@ -81,68 +86,24 @@ def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward:
 
 
 def fully_sharded_iteration_s(model: ModelTable, cluster: Cluster, budget_bytes: int | None = None,
-                              iterations: int = 6, gathers_first: bool = True) -> float:
-    """Steady-state seconds per iteration of ``architecture="fully_sharded"`` (every layer with
-    parameters a unit; ``budget_bytes``: ``gather_budget_mb`` in bytes, None: the runtime's
-    default, the largest layer's). Gathers are issued where the runtime's gathering
-    thread is woken (a pass begins, a layer starts, a layer is freed) as far as the queue
-    allows; with ``gathers_first`` (the runtime's rule) a layer's reduce-scatter waits behind
-    the gathers due when its backward pass ends, else it goes first."""
+                              iterations: int = 6, gathers_first: bool = True,
+                              policy: PolicyConfig | str | None = None) -> float:
+    """Steady-state seconds per iteration of ``architecture="fully_sharded"`` under ``policy``
+    (None: each layer's gradients reduce-scattered once its backward pass ends, in that order;
+    ``budget_bytes``: ``gather_budget_mb`` in bytes, None: the runtime's default, the largest
+    layer's): :func:`gradsched.sim.simulate` on ``Cluster(arch="fully_sharded")``, where the
+    gathers and the policy's reduce-scatters share the link (see :mod:`gradsched.sim.gathering`);
+    with ``gathers_first`` (the runtime's rule) a layer's reduce-scatter waits behind the gathers
+    due when its backward pass ends, else it goes first. No gradient budget holds the backward
+    pass (``gradient_budget_mb=inf``)."""
     if not cluster.kind.phases:
         raise ValueError(f"fully sharded shards the parameters: give a Cluster(arch='sharded') or "
                          f"Cluster(arch='fully_sharded'), got {cluster.arch!r}")
-    link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)
-    layers = list(model.layers)
-    sizes = [sum(p.nbytes for p in layer.params) for layer in layers]
-    units = [i for i, n in enumerate(sizes) if n]
-    queue = GatherQueue([sizes[i] for i in units], budget_bytes or default_budget(sizes))
-    unit_of = {layer: u for u, layer in enumerate(units)}
-    landed: dict[int, float] = {}  # unit -> when its gather completes
+    config = PER_LAYER if policy is None else policy_config(policy) if isinstance(policy, str) else policy
+    rounds = config.build().warmup_iterations + iterations
+    return simulate(model, replace(cluster, arch="fully_sharded"), config, iterations=rounds, record=False,
+                    gather_budget_bytes=budget_bytes, gathers_first=gathers_first, hold_bytes=None).iteration_s
 
-    def issue(at: float) -> None:
-        while queue.issuable():
-            u = queue.issue()
-            landed[u] = link.submit(queue.sizes[u], at).complete
-            queue.landed(u)  # whole from then on: ``landed`` says when
 
-    def need(i: int, at: float) -> float:
-        """Layer ``i`` starts no earlier than ``at``: when its parameters are whole."""
-        u = unit_of.get(i)
-        if u is None:
-            return at
-        queue.need(u)  # queued if freed, and forced with everything queued before it
-        issue(at)
-        return max(at, landed[u])
-
-    def free(i: int, at: float) -> None:
-        u = unit_of.get(i)
-        if u is not None and queue.free(u):
-            issue(at)
-
-    starts, step, order = [], 0.0, list(range(len(units)))
-    for _ in range(iterations):
-        t = step
-        kept = queue.keep_after_forward(order)
-        queue.want(order)
-        issue(t)
-        for i, layer in enumerate(layers):  # forward
-            start = need(i, t)
-            if i == 0:
-                starts.append(start)
-            t = start + layer.forward_s
-            if unit_of.get(i) not in kept:
-                free(i, t)
-        queue.want([u for u in reversed(order) if queue.state[u] is UnitState.FREED])
-        issue(t)
-        done = t
-        for i in range(len(layers) - 1, -1, -1):  # backward
-            start = need(i, t)
-            t = start + layers[i].backward_s
-            if gathers_first:  # the gathers its freeing lets go ahead of its reduce-scatter
-                free(i, t)
-            if sizes[i]:
-                done = max(done, link.submit(sizes[i], t).complete)
-            if not gathers_first:
-                free(i, t)
-        step = max(t, done)
-    return starts[-1] - starts[-2]
+#: one message per gradient, launched once it is ready (one per layer where a layer has one tensor)
+PER_LAYER = FifoConfig(bucket_cap_bytes=1, first_bucket_bytes=1)

@@ -22,10 +22,12 @@ from typing import Mapping, Sequence
 from ..core import Scheduler
 from ..core.base import PolicyConfig
 from ..core.plan import Plan, PlannedMessage
+from ..core.gathers import GatherModel
 from ..core.task import TensorSpec
 from .cluster import ARCHITECTURES
 from .driver import Cause, Driver, Launched
 from .events import Event, EventLoop, Kind
+from .gathering import UnitGathers
 from .network import network_for
 
 DEFAULT_LATENCY_S = 50e-6
@@ -66,6 +68,7 @@ def make_plan(
     arch: str = "allreduce",
     servers: int = 1,
     hold_bytes: int | None = None,
+    gathers: GatherModel | None = None,
 ) -> Plan:
     """Run ``policy`` on one backward pass with the given ready times (seconds from the first
     ready gradient) over a FIFO link with the given latency, cost per payload byte and
@@ -75,12 +78,23 @@ def make_plan(
     The engine first runs the policy's warm-up rounds (Prophet profiles them), so the plan
     is what the policy does in steady state. Ties keep the order of ``ready``. ``hold_bytes``:
     no message carries slices of more whole gradients' bytes (the engine's ``hold_bytes``).
+
+    ``gathers`` (``arch="fully_sharded"``): the parameters' all-gathers of the backward pass
+    share the link, one schedule with the reduce-scatters (:mod:`gradsched.sim.gathering`): the
+    backward pass begins with the queue as a forward pass leaves it, and when a unit's last
+    gradient is ready the unit is freed and the gathers that lets go, and the next unit's, are
+    on the link before that gradient's reduce-scatter (the runtime's gathers-first rule). The
+    ready times are measured, waits for the gathers included: only the link time is modelled.
     """
     missing = [t.name for t in tensors if t.name not in ready]
     if missing:
         raise ValueError(f"no ready time for {len(missing)} tensors, e.g. {missing[:3]}")
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}, got {arch!r}")
+    if gathers is not None:
+        unknown = sorted({name for names in gathers.names for name in names} - {t.name for t in tensors})
+        if unknown:
+            raise ValueError(f"gathers name {len(unknown)} tensors the plan is not over, e.g. {unknown[:3]}")
     policy = policy.for_link(sum(t.nbytes for t in tensors), latency_s, seconds_per_byte, overhead_s)
     engine = Scheduler(tensors, policy.build(), hold_bytes)
     network = network_for(arch, latency_s, seconds_per_byte, overhead_s, servers=servers)
@@ -92,9 +106,14 @@ def make_plan(
     total = sum(t.nbytes for t in tensors)
     period = (max(ready.values()) - first) + total * seconds_per_byte + (latency_s + overhead_s) * (engine.n_leaves + 1) + 1.0
 
+    units: UnitGathers | None = None
+
     def handle(event: Event) -> None:
         if event.kind == Kind.READY:
+            done = None if units is None else units.computed(event.payload, loop.now)
             driver.ready(event.payload)
+            if done is not None and done > 0:  # the next unit's backward pass begins: its parameters
+                units.need(done - 1, loop.now)
         elif event.kind == Kind.SENT:
             driver.sent(event.payload)
         else:
@@ -105,6 +124,9 @@ def make_plan(
         origin = max(round_index * period, loop.now)
         recorder.begin(origin, record=round_index == rounds - 1)
         engine.begin_iteration(origin)
+        if gathers is not None:
+            units = UnitGathers(gathers, network)
+            units.backward_begins(origin)
         for name in order:
             loop.schedule(origin + ready[name] - first, Kind.READY, name)
         loop.run(handle)

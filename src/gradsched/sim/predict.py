@@ -53,6 +53,8 @@ def scaled(table: ModelTable, compute_s: float) -> ModelTable:
 
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
-    policy's own warm-up (Prophet's profiling)."""
+    policy's own warm-up (Prophet's profiling). The sharded architectures run under the
+    runtime's default budgets: gradients (:func:`~gradsched.core.engine.default_hold`) and, fully
+    sharded, whole parameters (:func:`~gradsched.core.gathers.default_budget`)."""
     rounds = policy.build().warmup_iterations + iterations  # simulate() derives the sizes from the cluster
     return simulate(table, cluster, policy, iterations=rounds, record=False).iteration_s

@@ -15,7 +15,18 @@ making) instead of autograd hooks:
 * ``arch="sharded"`` (as the runtime's ``architecture="sharded"`` runs it): the engine's
   messages are reduce-scatters; once the backward pass has ended and every one of them is
   complete (the step), each message is all-gathered in turn, the first layers' first, and
-  a layer's forward starts once its own parameters are back.
+  a layer's forward starts once its own parameters are back;
+* ``arch="fully_sharded"``: the engine's messages are reduce-scatters, and every layer's
+  parameters are gathered before its forward and again before its backward pass by the
+  runtime's gather queue (:mod:`gradsched.sim.gathering`), on the same link: one schedule,
+  the gathers due when a layer's gradients are computed submitted before the policy's
+  reduce-scatters of them (the runtime's gathers-first rule); a backward layer waits for its
+  parameters;
+* ``hold_bytes`` (the sharded architectures' gradient budget, ``gradient_budget_mb``): a
+  message carries at most half of it of whole gradients, and after a layer's gradients are
+  handed over the backward pass waits while the gradients not yet reduced (queued, or in a
+  message in flight) exceed it and a message in flight will end, as the runtime's hand-over
+  waits.
 
 >>> from gradsched.models.table import Layer, ModelTable, ParamSpec
 >>> from gradsched.core.policies import FifoConfig
@@ -36,13 +47,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import Scheduler, policy_config
+from ..core.engine import default_hold, message_hold
 from ..core.base import PolicyConfig
 from ..models.table import ModelTable
 from .bounds import bound, dependency_bound
 from .cluster import Cluster
 from .driver import Cause, Driver, Launched
 from .events import Event, EventLoop, Kind
-from .network import Segment, make_network
+from .gathering import UnitGathers, table_units
+from .network import Segment, Transfer, make_network
 
 
 @dataclass(frozen=True)
@@ -112,17 +125,31 @@ def simulate(
     policy: PolicyConfig | str,
     iterations: int = 30,
     record: bool = True,
+    gather_budget_bytes: int | None = None,
+    gathers_first: bool = True,
+    hold_bytes: int | None | str = "default",
 ) -> SimResult:
-    """Simulate ``iterations`` training iterations; see the module docstring."""
-    if not cluster.kind.simulated:
-        raise ValueError(f"the engine does not model architecture {cluster.arch!r} (parameters gathered in the forward "
-                         "pass): gradsched.sim.fsdp.fully_sharded_iteration_s does")
+    """Simulate ``iterations`` training iterations; see the module docstring. Under
+    ``arch="fully_sharded"``: ``gather_budget_bytes`` is ``gather_budget_mb`` in bytes (None: the
+    runtime's default), and ``gathers_first=False`` hands a layer's gradients to the policy
+    before the gathers its freeing lets go (what the runtime did before its gathers-first rule).
+    ``hold_bytes``: a sharded rank's gradient budget in bytes (see above; ``"default"``: the
+    runtime's, :func:`~gradsched.core.engine.default_hold`, where the architecture is sharded;
+    None: no bound)."""
+    if gather_budget_bytes is not None and not cluster.kind.gathers:
+        raise ValueError(f"a gather budget applies to Cluster(arch='fully_sharded'), got {cluster.arch!r}")
     config = policy_config(policy) if isinstance(policy, str) else policy
-    return _Run(model, cluster, config, iterations, record).run()
+    if hold_bytes == "default":
+        sizes = [p.nbytes for layer in model.layers for p in layer.params]
+        hold_bytes = default_hold(sizes) if cluster.kind.phases else None
+    if hold_bytes is not None and not cluster.kind.phases:
+        raise ValueError(f"a gradient budget applies to the sharded architectures, got {cluster.arch!r}")
+    return _Run(model, cluster, config, iterations, record, gather_budget_bytes, gathers_first, hold_bytes).run()
 
 
 class _Run:
-    def __init__(self, model: ModelTable, cluster: Cluster, config: PolicyConfig, iterations: int, record: bool):
+    def __init__(self, model: ModelTable, cluster: Cluster, config: PolicyConfig, iterations: int, record: bool,
+                 gather_budget_bytes: int | None = None, gathers_first: bool = True, hold_bytes: int | None = None):
         self.model = model
         self.cluster = cluster
         config = config.for_link(model.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
@@ -138,7 +165,8 @@ class _Run:
         self.iterations = iterations
         self.record = record
         tensors = model.tensors()
-        self.engine = Scheduler(tensors, self.policy)
+        self.engine = Scheduler(tensors, self.policy, message_hold(hold_bytes))
+        self.hold_bytes = hold_bytes
         self.network = make_network(cluster)
         self.layers = model.layers
         self.layer_of = {t.name: t.layer for t in tensors}
@@ -163,6 +191,14 @@ class _Run:
         self.reduced: list[tuple[tuple[str, ...], int]] = []  # sharded: this round's messages, done
         self.gathered = [0.0] * len(self.layers)  # sharded: when each layer's parameters are back
         self.gathered_for = 0  # sharded: the iteration whose all-gathers are on the link
+        self.gathers = (UnitGathers(table_units(model, gather_budget_bytes), self.network, self.on_gather)
+                        if cluster.kind.gathers else None)  # fully sharded: the gather queue on the link
+        self.unit_of = {layer: u for u, layer in enumerate(i for i, n in enumerate(self.layer_size) if n)}
+        self.gathers_first = gathers_first
+        #: the backward pass runs layer by layer on events (else it is laid out at once): its layers
+        #: wait for their gathers, or for the gradient budget
+        self.chained = self.gathers is not None or hold_bytes is not None
+        self.blocked: int | None = None  # chained: the layer whose backward pass waits for the budget
 
     # -- events --------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -177,10 +213,19 @@ class _Run:
         elif event.kind == Kind.SENT:
             self.driver.sent(event.payload)
         elif event.kind == Kind.READY:
+            if self.gathers is not None and self.gathers_first:  # its unit freed: the gathers that lets go first
+                self.gathers.free(self.unit_of[event.payload], now)
             for name in self.ready_order[event.payload]:
                 if self.record:
                     self.log.append((now, "ready", self.engine.iteration, name))
                 self.driver.ready(name)
+            if self.gathers is not None and not self.gathers_first:
+                self.gathers.free(self.unit_of[event.payload], now)
+            if self.chained:
+                if self.over_budget():
+                    self.blocked = event.payload - 1
+                else:
+                    self.backward_from(event.payload - 1, now)
         elif event.kind == Kind.FORWARD:
             self.iteration += 1
             if self.iteration < self.iterations:
@@ -198,8 +243,12 @@ class _Run:
 
     def gather(self, now: float) -> None:
         """Sharded: the step is now; every message of the round all-gathered in turn, those of
-        the first layers first."""
+        the first layers first (fully sharded: the gather queue's forward pass begins)."""
         self.gathered_for = self.iteration
+        if self.gathers is not None:
+            self.reduced = []
+            self.gathers.begin_forward(now)
+            return
         self.gathered = [now] * len(self.layers)
         order = sorted(self.reduced, key=lambda m: min(self.layer_of[n] for n in m[0]))
         for names, nbytes in order:
@@ -221,7 +270,10 @@ class _Run:
                 return
             if self.sharded and self.iteration > self.gathered_for:
                 self.gather(now)
-            start = max(self.cursor, now, self.gathered[i] if self.sharded else 0.0)
+            if self.gathers is not None:
+                start = self.gathers.need(self.unit_of.get(i), max(self.cursor, now))
+            else:
+                start = max(self.cursor, now, self.gathered[i] if self.sharded else 0.0)
             if i == 0:
                 self.starts.append(start)
                 if self.record:
@@ -229,7 +281,11 @@ class _Run:
             self.cursor = start + layers[i].forward_s
             if self.record:
                 self.compute.append(ComputeRecord(self.iteration, layers[i].name, "forward", start, self.cursor))
+            if self.gathers is not None:
+                self.gathers.free(self.unit_of.get(i), self.cursor, forward=True)
             self.next_layer += 1
+        if self.gathers is not None:
+            self.gathers.end_forward(self.cursor)
         self.loop.schedule(self.cursor, Kind.BACKWARD)
         self.next_layer += 1  # past the end: nothing left to resume
 
@@ -240,6 +296,9 @@ class _Run:
             self.log.append((now, "backward", self.iteration, None))
         self.pending = list(self.layer_size)
         self.pending_total = self.n_tensors
+        if self.chained:
+            self.backward_from(len(self.layers) - 1, now)
+            return
         t = now
         for i in range(len(self.layers) - 1, -1, -1):
             end = t + self.layers[i].backward_s
@@ -250,7 +309,33 @@ class _Run:
             t = end
         self.loop.schedule(t, Kind.FORWARD)
 
+    def backward_from(self, i: int, now: float) -> None:
+        """The backward pass from layer ``i`` down (fully sharded: each layer once its parameters
+        are whole), up to the next layer whose gradients become ready (an event: what they let go
+        on the link comes first, and the budget may hold the pass there)."""
+        t = now
+        while i >= 0:
+            start = self.gathers.need(self.unit_of.get(i), t) if self.gathers is not None else t
+            end = start + self.layers[i].backward_s
+            if self.record:
+                self.compute.append(ComputeRecord(self.iteration, self.layers[i].name, "backward", start, end))
+            if self.layer_size[i]:
+                self.loop.schedule(end, Kind.READY, i)
+                return
+            t, i = end, i - 1
+        self.loop.schedule(t, Kind.FORWARD)
+
+    def over_budget(self) -> bool:
+        """Whether the backward pass waits for the gradient budget: more bytes not yet reduced
+        than it allows, and a message in flight whose end lets some go."""
+        engine = self.engine
+        return (self.hold_bytes is not None and engine.in_flight_count > 0
+                and engine.held_bytes() + engine.in_flight_bytes > self.hold_bytes)
+
     # -- communication ---------------------------------------------------------------------
+    def on_gather(self, names: tuple[str, ...], nbytes: int, at: float, transfer: Transfer) -> None:
+        self.messages.append(MessageRecord(-1, self.iteration, names, nbytes, at, transfer.segments, transfer.complete))
+
     def on_launch(self, launched: Launched, cause: Cause) -> None:
         message = launched.message
         self.log.append((message.launched_at, "launch", message.iteration, tuple(message.names)))
@@ -271,6 +356,9 @@ class _Run:
         for name in decision.done:
             self.pending[self.layer_of[name]] -= 1
         self.pending_total -= len(decision.done)
+        if self.blocked is not None and not self.over_budget():
+            resume, self.blocked = self.blocked, None
+            self.backward_from(resume, now)
         if self.next_layer < len(self.layers):
             self.advance_forward(now)
 

@@ -78,6 +78,9 @@ class ReplicatedStepping:
     def clip_value(self, value: float) -> None:
         self.handover.clip_value(value)
 
+    def gather_model(self) -> None:
+        """Nothing but the gradients' messages on the link."""
+
     def full_state_dict(self, rank0_only: bool) -> dict:  # the coordinator synchronized first; whole everywhere
         return self.updates.optimizer.state_dict()
 

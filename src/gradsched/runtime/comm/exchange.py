@@ -42,13 +42,6 @@ def _in_backward() -> bool:
     return backward_running()
 
 
-def message_hold(hold_bytes: int | None) -> int | None:
-    """What one planned message may carry of whole gradients under a rank's ``hold_bytes`` (the
-    engine's ``hold_bytes``): half of it, so that one message in flight and the next one filling
-    fit in the budget together, and the link never waits for a backward pass that waits for it."""
-    return None if hold_bytes is None else max(1, hold_bytes // 2)
-
-
 class Exchange:
     def __init__(
         self,

@@ -36,9 +36,11 @@ from gradsched.core.plan import Plan
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
 from gradsched.sim import default_ready_times, paced_ready_times, make_plan
+from gradsched.core.gathers import GatherModel
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import failing_rank
-from gradsched.runtime.comm.exchange import Exchange, message_hold
+from gradsched.core.engine import message_hold
+from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.planning.link_model import LinkModel
 from gradsched.runtime.planning.measurements import Measurements
 from gradsched.runtime.planning.probe import probe_link
@@ -64,7 +66,8 @@ class Planner:
                  config: RuntimeConfig, link_model: LinkModel, owners: dict[str, list[str]], exchange: Exchange,
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
-                 settle: Callable[[], None] | None = None, measured: Measurements | None = None) -> None:
+                 settle: Callable[[], None] | None = None, measured: Measurements | None = None,
+                 gathers: Callable[[], GatherModel | None] | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -80,6 +83,7 @@ class Planner:
         self.rank = rank
         self.world_size = world_size
         self.settle = settle  # waits until no gradient is in flight
+        self.gathers = gathers  # what else the backward pass puts on the link (fully sharded's gathers)
         self.kept_buckets = False  # every rank: the measured trial kept the DDP-style buckets
         self.clock = clock or Clock()  # the training thread's (device times on CUDA)
         self.predictor = TrialPredictor(self.tensors, self.sizes, owners, policy, config, link_model,
@@ -264,7 +268,8 @@ class Planner:
             policy, plan = self.chosen, None
         plan = plan or make_plan(self.tensors, ready, self._sized(policy), *link, arch=self.link_model.sim,
                                  servers=max(1, self.link_model.servers),
-                                 hold_bytes=message_hold(self.exchange.hold_bytes))
+                                 hold_bytes=message_hold(self.exchange.hold_bytes),
+                                 gathers=self.gathers() if self.gathers is not None and timings else None)
         if arm is not None:
             self._running = (arm, plan)
         changed = not plan.same_schedule(self.exchange.plan_for(round_index + 1))

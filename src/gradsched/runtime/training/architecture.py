@@ -53,6 +53,7 @@ from gradsched.runtime.training.join import Iteration
 from gradsched.runtime.training.run import CommHook, Run
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 from gradsched.runtime.training.waits import ModuleWaits
+from gradsched.core.gathers import GatherModel
 
 
 class Stepping(Protocol):
@@ -102,6 +103,11 @@ class Stepping(Protocol):
 
     def state_saved(self, state_dict: dict) -> None:
         """The optimizer's ``state_dict()`` was just made: mark what only this rank can load."""
+
+    def gather_model(self) -> GatherModel | None:
+        """What shares the link with the gradients' messages in the backward pass, for the plans
+        (:func:`gradsched.sim.make_plan`'s ``gathers``): fully sharded's parameter all-gathers,
+        as its queue issues them; None where nothing does."""
 
     def state_loading(self, state_dict: dict) -> None:
         """``load_state_dict(state_dict)`` is about to run: refuse (a ``GradschedError`` saying what

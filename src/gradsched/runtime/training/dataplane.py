@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gradsched.core.task import TensorSpec
-from gradsched.runtime.comm.exchange import Exchange, message_hold
+from gradsched.core.engine import message_hold
+from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.comm.plans import PlanVersions
 from gradsched.runtime.planning.planner import initial_plan
 from gradsched.runtime.planning.prediction import ddp_buckets

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gradsched.core.engine import default_hold
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.architectures.allreduce import compressed
 from gradsched.runtime.training.architecture import CommHook
@@ -105,7 +106,7 @@ class Sharded(OnDataPlane):
         the next waits): each local gradient is let go of once packed, and each packed message once
         it ended, so these are what a rank holds beyond ZeRO-2's own."""
         if config.gradient_budget_mb is None:
-            return 2 * max(p.numel() * p.element_size() for p in params)
+            return default_hold([p.numel() * p.element_size() for p in params])
         return None if math.isinf(config.gradient_budget_mb) else _bytes(config.gradient_budget_mb)
 
     def layout(self) -> Any:

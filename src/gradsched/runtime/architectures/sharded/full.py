@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradsched.core.gathers import GatherQueue, UnitState, default_budget
+from gradsched.core.gathers import GatherModel, GatherQueue, UnitState, default_budget
 from gradsched.core.plan import Plan
 from gradsched.runtime.architectures.sharded.shards import Gathered, Shards
 from gradsched.runtime.architectures.sharded.stepping import ShardedStep
@@ -370,6 +370,17 @@ class FullyShardedStep(ShardedStep):
         self._computed_count[u] = count
         if self.gatherer is not None and count == len(self.gatherer.units[u]):
             self.gatherer.free(u)
+
+    def gather_model(self) -> GatherModel | None:
+        """The units the latest forward pass with gradients ran, in its order, with their bytes
+        and the budget: what the backward pass's gathers put on the link (None before the wrap)."""
+        gatherer = self.gatherer
+        if gatherer is None:
+            return None
+        names = self.shards.names
+        order = [u for u in self._order if gatherer.units[u]]
+        return GatherModel(tuple(tuple(names[i] for i in gatherer.units[u]) for u in order),
+                           tuple(gatherer.queue.sizes[u] for u in order), gatherer.queue.budget)
 
     # -- step and waits --------------------------------------------------------------------------
     def _updated(self, plan: Plan) -> None:

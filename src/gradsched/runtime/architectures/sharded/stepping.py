@@ -39,6 +39,7 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
+from gradsched.core.gathers import GatherModel
 
 #: the entry of an optimizer's ``state_dict()`` that says whose shards it holds (rank, ranks)
 SHARDS_OF = "gradsched_shards_of"
@@ -213,6 +214,10 @@ class ShardedStep:
             elif p.dim() == 0 and key != "step":
                 entry[key] = value.view(1)
         return entry
+
+    def gather_model(self) -> GatherModel | None:
+        """Nothing beside the reduce-scatters in the backward pass (the gathers follow the step)."""
+        return None
 
     def full_state_dict(self, rank0_only: bool = True) -> dict:
         """The optimizer's ``state_dict()`` with every rank's shards joined: what the same optimizer
