@@ -31,15 +31,15 @@ import torch.distributed as dist
 from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage
 from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
 from gradsched.core.base import PolicyConfig
+from gradsched.core.engine import message_hold
 from gradsched.core.estimator import MeasuredLink
+from gradsched.core.gathers import GatherModel
 from gradsched.core.plan import Plan
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.core.task import TensorSpec
 from gradsched.sim import default_ready_times, paced_ready_times, make_plan
-from gradsched.core.gathers import GatherModel
 from gradsched.runtime.config import RuntimeConfig
 from gradsched.runtime.errors import failing_rank
-from gradsched.core.engine import message_hold
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.planning.link_model import LinkModel
 from gradsched.runtime.planning.measurements import Measurements

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.join import Joinable
 
+from gradsched.core.gathers import GatherModel
 from gradsched.core.plan import Plan
 from gradsched.core.task import TensorSpec
 from gradsched.runtime.comm.exchange import Exchange
@@ -53,7 +54,6 @@ from gradsched.runtime.training.join import Iteration
 from gradsched.runtime.training.run import CommHook, Run
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
 from gradsched.runtime.training.waits import ModuleWaits
-from gradsched.core.gathers import GatherModel
 
 
 class Stepping(Protocol):
@@ -104,14 +104,14 @@ class Stepping(Protocol):
     def state_saved(self, state_dict: dict) -> None:
         """The optimizer's ``state_dict()`` was just made: mark what only this rank can load."""
 
+    def state_loading(self, state_dict: dict) -> None:
+        """``load_state_dict(state_dict)`` is about to run: refuse (a ``GradschedError`` saying what
+        to do) a state this rank cannot use; take off the marks of :meth:`state_saved`."""
+
     def gather_model(self) -> GatherModel | None:
         """What shares the link with the gradients' messages in the backward pass, for the plans
         (:func:`gradsched.sim.make_plan`'s ``gathers``): fully sharded's parameter all-gathers,
         as its queue issues them; None where nothing does."""
-
-    def state_loading(self, state_dict: dict) -> None:
-        """``load_state_dict(state_dict)`` is about to run: refuse (a ``GradschedError`` saying what
-        to do) a state this rank cannot use; take off the marks of :meth:`state_saved`."""
 
 
 class Backend(Protocol):

@@ -12,7 +12,8 @@ are issued, in what order and when is :class:`gradsched.core.gathers.GatherQueue
 prefetching ahead of need within ``gather_budget_mb`` of whole parameters alive at once
 (default: the largest unit, FSDP2's on a host), on a process group of its own (``gathers``),
 from one thread (:class:`Gatherer`), and ahead of the reduce-scatters: one waits to start
-while a gather is in flight or due.
+while a gather is in flight or due, and the plans of the reduce-scatters are made with the
+backward pass's gathers on the link (:meth:`FullyShardedStep.gather_model`).
 
 The parameters stay the model's own ``nn.Parameter`` objects: while freed their data is a
 single NaN seen in every place (no memory; autograd's saved tensors are the same objects and

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from gradsched.core.gathers import GatherModel
 from gradsched.core.plan import Plan
 from gradsched.runtime import torch_api
 from gradsched.runtime.comm import wire_format
@@ -39,7 +40,6 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.training.inflight import Handover, plain
 from gradsched.runtime.training.waits import ModuleWaits
 from gradsched.runtime.training.updates import DeferredUpdates, Snapshot
-from gradsched.core.gathers import GatherModel
 
 #: the entry of an optimizer's ``state_dict()`` that says whose shards it holds (rank, ranks)
 SHARDS_OF = "gradsched_shards_of"
