@@ -23,6 +23,8 @@ import statistics
 import sys
 import time
 
+from gradsched.bench.processes import local_ranks, script_args, script_result
+
 POLICIES = ("fifo", "bytescheduler", "prophet")
 OPTIONS = {"fifo": {"bucket_cap_bytes": 8192, "first_bucket_bytes": 2048},
            "bytescheduler": {"partition_bytes": 4096, "credit_bytes": 8192},
@@ -68,8 +70,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from gradsched.bench.processes import local_ranks
-
     return local_ranks([__file__, "--worker", *sys.argv[1:]], 2,
                        {"GRADSCHED_EMULATE_NCCL": f"0,{args.collective_ms / 1000}"})
 
@@ -89,22 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--collective-ms", type=float, default=30.0)
-    parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    if args.table:
-        with open(args.table) as f:
-            print(table(json.load(f)), end="")
+    args = script_args(parser, worker, table)
+    if args is None:
         return
     data = {"args": {"iters": args.iters, "collective_ms": args.collective_ms}, "results": launch(args)}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-    print(table(data), end="")
+    script_result(args, data, table)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import statistics
 import sys
 import time
 
+from gradsched.bench.processes import local_ranks, script_args, script_result, script_settings
+
 POLICIES = ["fifo", "priority", "bytescheduler", "prophet"]
 
 
@@ -89,8 +91,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> dict:
-    from gradsched.bench.processes import local_ranks
-
     return local_ranks([__file__, "--worker", *sys.argv[1:]], args.ranks)
 
 
@@ -138,16 +138,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--compile", action="store_true", help="torch.compile every model (after DDP / the wrap)")
     parser.add_argument("--no-handoff", action="store_true", help="keep gradsched's own buckets where the trial keeps them")
-    parser.add_argument("--json", metavar="FILE", help="also write every round's figures to FILE")
-    parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    if args.table:
-        with open(args.table) as f:
-            print(table(json.load(f)), end="")
+    args = script_args(parser, worker, table)
+    if args is None:
         return
     if args.iters < 4 or args.repeats < 1:
         parser.error("--iters must be >= 4 (two rounds) and --repeats >= 1")
@@ -155,12 +147,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         runs.append(launch(args))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("worker", "json", "table")}
-    data = {"args": settings, "summary": summary(runs), "runs": runs}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-    print(table(data), end="")
+    script_result(args, {"args": script_settings(args), "summary": summary(runs), "runs": runs}, table)
 
 
 if __name__ == "__main__":

@@ -106,10 +106,14 @@ def test_the_readme_is_a_front_page_with_the_headline_table():
     assert bench_tables_in(README) == []  # the measured tables live in docs/bench.md
 
 
-def test_the_overhead_tables_are_what_their_json_prints():
+def test_the_overhead_and_cpu_cost_tables_are_what_their_json_prints():
     overhead = script("runtime_overhead").table
     shown = {name: overhead(figure(name)) for name in ("runtime-overhead", "runtime-overhead-handoff",
                                                          "runtime-overhead-compile")}
+    cpu_cost = script("cpu_cost").table
+    shown.update({name: cpu_cost(figure(name)) for name in (
+        "cpu-cost-resnet50-h100", "cpu-cost-resnet50-h100-plans", "cpu-cost-transformer-h100",
+        "cpu-cost-transformer-h100-plans")})
     for name, table in shown.items():
         assert table in PAGES["docs/bench.md"], name
     for page, text in PAGES.items():  # and no other loopback table is shown anywhere

@@ -3,6 +3,7 @@ host's torchrun), rank 0's progress and result, and stopping them all."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -15,6 +16,39 @@ from typing import Callable
 
 from .netns import EmulatedCluster
 from .protocol import MARK
+
+
+def script_args(parser: argparse.ArgumentParser, worker: Callable[[argparse.Namespace], None],
+                table: Callable[[dict], str]) -> argparse.Namespace | None:
+    """What a benchmark script that starts its own ranks (:func:`local_ranks`) shares: ``--json
+    FILE`` (the figures kept), ``--table FILE`` (a kept run's table printed again) and its ranks'
+    own ``--worker``. The arguments of a run to start, or None where the call was the worker's or
+    a table's and is done."""
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    parser.add_argument("--table", metavar="FILE", help="print the table of a --json FILE and exit")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return None
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)), end="")
+        return None
+    return args
+
+
+def script_result(args: argparse.Namespace, data: dict, table: Callable[[dict], str]) -> None:
+    """A run's figures written to ``--json`` (if given) and its table printed."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    print(table(data), end="")
+
+
+def script_settings(args: argparse.Namespace) -> dict:
+    """The options a run was made with, as its JSON keeps them."""
+    return {k: v for k, v in vars(args).items() if k not in ("worker", "json", "table")}
 
 
 def free_port() -> int:

@@ -1,0 +1,63 @@
+"""The CPU cost benchmark (benchmarks/cpu_cost.py): what it counts as whose."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("cpu_cost", ROOT / "benchmarks" / "cpu_cost.py")
+cpu_cost = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cpu_cost)
+
+
+def test_each_threads_cpu_time_is_counted_under_its_name_and_blocked_time_is_not():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    busy = [threading.Thread(target=spin, name=f"gradsched-spinner-{i}") for i in range(2)]
+    idle = threading.Thread(target=stop.wait, name="gradsched-idle")
+    for thread in (*busy, idle):
+        thread.start()
+    try:
+        before = cpu_cost.thread_cpu()
+        time.sleep(0.3)
+        after = cpu_cost.thread_cpu()
+    finally:
+        stop.set()
+        for thread in (*busy, idle):
+            thread.join()
+    spent = {name: after[name] - before.get(name, 0.0) for name in after}
+    # two spinners (their numbers dropped: one name) share the interpreter with the sleeping main thread
+    assert spent["gradsched-spinner"] > 0.1
+    assert spent["gradsched-idle"] < 0.02 and spent["training"] < 0.05
+
+
+def test_own_time_is_the_training_threads_and_gradscheds_not_the_others():
+    median = {"wall": 1.0, "process": 0.9, "thread:training": 0.2, "thread:gradsched-launcher": 0.1,
+              "thread:someone-else": 0.3}
+    assert cpu_cost.own(median) == pytest.approx(0.3)
+
+
+@pytest.mark.slow
+def test_a_short_run_writes_its_json_and_table(tmp_path):
+    out = tmp_path / "cpu.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cpu_cost.py"), "--model", "replay-mini",
+                          "--iters", "4", "--warmup", "4", "--policies", "ddp,fifo", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(out.read_text())
+    assert set(data["result"]["policies"]) == {"ddp", "fifo"}
+    assert cpu_cost.table(data) == run.stdout
+    fifo = data["result"]["policies"]["fifo"]["median"]
+    assert fifo["process"] > fifo["thread:training"] > 0 and "thread:gradsched-launcher" in fifo
