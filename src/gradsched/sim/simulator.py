@@ -193,7 +193,9 @@ class _Run:
         self.gathered_for = 0  # sharded: the iteration whose all-gathers are on the link
         self.gathers = (UnitGathers(table_units(model, gather_budget_bytes), self.network, self.on_gather)
                         if cluster.kind.gathers else None)  # fully sharded: the gather queue on the link
-        self.unit_of = {layer: u for u, layer in enumerate(i for i, n in enumerate(self.layer_size) if n)}
+        #: fully sharded: each layer with parameters -> its unit (the gathers' own, by its first parameter)
+        self.unit_of = {} if self.gathers is None else {
+            i: self.gathers.unit_of[layer.params[0].name] for i, layer in enumerate(self.layers) if layer.params}
         self.gathers_first = gathers_first
         #: the backward pass runs layer by layer on events (else it is laid out at once): its layers
         #: wait for their gathers, or for the gradient budget
@@ -246,7 +248,6 @@ class _Run:
         the first layers first (fully sharded: the gather queue's forward pass begins)."""
         self.gathered_for = self.iteration
         if self.gathers is not None:
-            self.reduced = []
             self.gathers.begin_forward(now)
             return
         self.gathered = [now] * len(self.layers)
@@ -350,7 +351,7 @@ class _Run:
                 message.id, message.iteration, names, message.nbytes, message.launched_at, transfer.segments, now
             )
         )
-        if self.sharded:
+        if self.sharded and self.gathers is None:  # (fully sharded gathers units, not messages)
             self.reduced.append((tuple(task.tensor.name for task in message.tasks), message.nbytes))
         decision = self.driver.complete(launched)
         for name in decision.done:
