@@ -32,6 +32,7 @@ its own plans (no trial: on loopback's unlimited link it keeps DDP-style buckets
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -67,14 +68,15 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    work = workload(args.model, args.batch, args.device)
+    work = workload(args.model, args.batch, args.device, launch_share=args.launch_share)
     generator = torch.Generator().manual_seed(0)
     x, y = work.batch(generator)
-    runners = {}
+    runners, pacers = {}, {}
     for name in args.policies:
         torch.manual_seed(0)
         model = work.build()
         optimizer = work.optimizer(model)
+        pacers[name] = model.pacer
         if name == "ddp":
             runners[name] = (DDP(model), optimizer, len(list(model.parameters())))
         else:
@@ -94,6 +96,7 @@ def worker(args: argparse.Namespace) -> None:
     for _ in range(0, args.iters, BLOCK):
         for name, (model, optimizer, _) in runners.items():
             dist.barrier()
+            launched = dataclasses.replace(pacers[name].launched)
             wall, process, threads = time.perf_counter(), time.process_time(), thread_cpu()
             for _ in range(BLOCK):
                 iteration(model, optimizer)
@@ -102,6 +105,11 @@ def worker(args: argparse.Namespace) -> None:
             after = thread_cpu()
             sample = {"wall": time.perf_counter() - wall, "process": time.process_time() - process}
             sample.update({f"thread:{k}": v - threads.get(k, 0.0) for k, v in after.items()})
+            now = pacers[name].launched
+            if args.launch_share:
+                sample.update({"launch:cpu": now.cpu_s - launched.cpu_s, "launch:wall": now.wall_s - launched.wall_s,
+                               "launch:interpreter": now.interpreter_s - launched.interpreter_s,
+                               "launch:blocked": now.blocked - launched.blocked})
             samples[name].append({k: v / BLOCK for k, v in sample.items()})
     out = {"compute_s": work.table.compute_s, "policies": {}}
     for name, (model, optimizer, tensors) in runners.items():
@@ -145,6 +153,16 @@ def table(data: dict) -> str:
         lines.append(f"  {name:14s} {m['wall'] * 1e3:6.1f} {m['process'] * 1e3:8.1f} {(m['process'] - python) * 1e3:6.1f} "
                      f"{m.get('thread:training', 0.0) * 1e3:9.1f} {threads * 1e3:8.1f} {mine * 1e3:6.1f} {versus} "
                      f"{mine / p['tensors'] * 1e6:10.0f} {per_message} {mine / compute:11.2f}  {plan}")
+    if any("launch:cpu" in p["median"] for p in policies.values()):
+        lines.append(f"  each op launched by CPU work of {args['launch_share']:.0%} of its time (ms per iteration): the "
+                     "training thread's launch work (CPU), its wall time, the part neither running nor queued for a CPU "
+                     "(interrupts, which on loopback carry the network's work, and waits for the interpreter), how "
+                     "often it blocked on the interpreter, and the iteration's wall time")
+        lines.append(f"  {'':14s} {'launch':>7s} {'wall':>7s} {'not run':>8s} {'blocked':>8s} {'iteration':>10s}")
+        for name, p in policies.items():
+            m = p["median"]
+            lines.append(f"  {name:14s} {m['launch:cpu'] * 1e3:7.1f} {m['launch:wall'] * 1e3:7.1f} "
+                         f"{m['launch:interpreter'] * 1e3:8.2f} {m.get('launch:blocked', 0):8.0f} {m['wall'] * 1e3:10.1f}")
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +176,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=16, help="at least; gradsched's: past its measured trial")
     parser.add_argument("--policies", default="ddp,fifo,bytescheduler,prophet",
                         type=lambda s: [p for p in s.split(",") if p], help="ddp and gradsched policies")
+    parser.add_argument("--launch-share", type=float, default=0.0,
+                        help="launch each replayed op with CPU work of this share of its time, taking and releasing "
+                             "the interpreter lock as eager kernel launches do (default 0: none); the table then "
+                             "shows the training thread's launch work and how long it waited for the interpreter")
     parser.add_argument("--keep-plans", action="store_true",
                         help="keep each policy's own plans (no measured trial against DDP-style buckets, which "
                              "loopback's unlimited link decides for the buckets)")
@@ -168,6 +190,8 @@ def main() -> None:
         parser.error(f"--model must be a replay model (replay-resnet50, replay-transformer, ...), got {args.model!r}")
     if args.iters < BLOCK:
         parser.error(f"--iters must be >= {BLOCK}")
+    if not 0.0 <= args.launch_share < 1.0:
+        parser.error(f"--launch-share must be in [0, 1), got {args.launch_share}")
     result = local_ranks([__file__, "--worker", *sys.argv[1:]], args.ranks)
     script_result(args, {"args": script_settings(args), "result": result}, table)
 

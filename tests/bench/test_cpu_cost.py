@@ -66,3 +66,16 @@ def test_a_short_run_writes_its_json_and_table(tmp_path):
     assert cpu_cost.table(data) == run.stdout
     fifo = data["result"]["policies"]["fifo"]["median"]
     assert fifo["process"] > fifo["thread:training"] > 0 and "thread:gradsched-launcher" in fifo
+
+
+def test_the_table_shows_the_launch_work_where_the_run_had_a_launch_share():
+    median = {"wall": 0.1, "process": 0.09, "thread:training": 0.03, "thread:gradsched-launcher": 0.01,
+              "launch:cpu": 0.005, "launch:wall": 0.012, "launch:interpreter": 0.004, "launch:blocked": 6}
+    data = {"args": {"ranks": 2, "model": "replay-resnet50", "device": "h100", "batch": 32, "launch_share": 0.3},
+            "result": {"compute_s": 0.014, "policies": {
+                "prophet": {"median": median, "tensors": 161, "messages": 70, "plan": "prophet", "iterations": 16}}}}
+    text = cpu_cost.table(data)
+    assert "launched by CPU work of 30% of its time" in text
+    assert text.splitlines()[-1].split() == ["prophet", "5.0", "12.0", "4.00", "6", "100.0"]
+    del median["launch:cpu"]
+    assert "launched by" not in cpu_cost.table(data)  # a run without a launch share: no such columns

@@ -168,3 +168,39 @@ def test_plans_made_by_the_simulator_launch_at_their_planned_times(policy, optio
     assert len(plan.messages) >= 5
     if policy in ("priority", "bytescheduler"):  # windows: most messages are released by an earlier one's end
         assert sum(m.after_message is not None for m in plan.messages) > len(plan.messages) // 2
+
+
+def test_following_a_round_asks_about_each_gradient_about_once_however_often_it_is_asked():
+    """Readiness only grows within a round, so the search for the next message's first missing
+    gradient goes on from where it stopped: the launcher asks at every gradient handed over,
+    and a message of many gradients must not make that quadratic."""
+    names = [f"g{i}" for i in range(50)]
+    index = {name: i for i, name in enumerate(names)}
+    plan = Plan("prophet", True, (_message([(name, 0, 1) for name in names], after_tensor="g0"),), span_s=1.0)
+    follower = RoundFollower(plan, index)
+    ready: set[int] = set()
+    asked = []
+
+    def is_ready(i: int) -> bool:
+        asked.append(i)
+        return i in ready
+
+    for i in range(50):
+        assert not follower.launchable(is_ready)
+        ready.add(i)
+    assert follower.launchable(is_ready) and follower.lacking(is_ready) == []
+    assert len(asked) <= 2 * 50 + 2  # each need once when ready, once more while it was the first missing
+
+
+def test_a_follower_of_the_next_round_of_the_same_plan_starts_afresh_and_shares_the_plans_structure():
+    plan = Plan("priority", True, (
+        _message([("w1", 0, 10)], after_tensor="w1"),
+        _message([("w0", 0, 5), ("w2", 0, 10)], after_message=0),
+        _message([("w0", 5, 5)], after_message=1)), span_s=1.0)
+    first = RoundFollower(plan, INDEX)
+    trace = _drive(first, [("ready", "w1"), ("ready", "w2"), ("ready", "w0"), ("finished", 0), ("finished", 1)])
+    again = first.again()
+    assert again.launched == 0 and again.in_flight == 0 and not any(again.done) and again.remaining == {0: 2, 1: 1, 2: 1}
+    assert again.messages_of is first.messages_of and again.carried(1) == (0, 2)
+    assert first.launched == 3 and first.remaining[0] == 1  # the first round's progress is its own
+    assert _drive(again, [("ready", "w1"), ("ready", "w2"), ("ready", "w0"), ("finished", 0), ("finished", 1)]) == trace

@@ -88,3 +88,39 @@ def test_the_data_plane_lays_the_homes_out_as_ddps_buckets(world_of_one):
         assert len(homes_plan.messages) > 1  # cut at the bucket cap (DDP's first bucket is 1 MiB)
     finally:
         optimizer.close()
+
+
+def test_a_copied_message_is_divided_as_it_is_copied_bit_for_bit_as_a_copy_divided_after():
+    """A message whose gradients are not one range of the homes travels in a copy; with the
+    transport's divisor the copy is made divided (one pass over the bytes, not two), large
+    members one division each, many small ones copied together and divided once: the same
+    values either way as the copy divided in place, which is what DDP's buckets travel as."""
+    from gradsched.runtime.comm.layout import DIVIDED_COPY_BYTES
+
+    big = DIVIDED_COPY_BYTES // 4 + 3  # elements of float32: each member above the size divided as copied
+    params = [torch.zeros(big), torch.zeros(7), torch.zeros(big), torch.zeros(5)]
+    index = {"a": 0, "b": 1, "c": 2, "d": 3}
+    homes_plan = plan((("a", 0, big), ("b", 0, 7)), (("c", 0, big), ("d", 0, 5)))
+    versions = PlanVersions(plan((("c", 0, big), ("a", 0, big)), (("d", 0, 5), ("b", 0, 7))))
+    layouts = Layouts(index, params, versions, homes_plan=homes_plan)
+    layout = layouts.of(versions.for_round(1))
+    assert layout.fused == {}  # neither message is a range of the homes: both travel in copies
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.numel(), generator=generator) * 1e3 for p in params]
+    for k, message in enumerate(layout.plan.messages):
+        members = [grads[index[name]] for name in message.tensors]
+        buffers, results, targets, divided = layout.pack(k, message, members, divide_by=3)
+        assert divided and results is buffers and [len(t) for t in targets] == [2]
+        expected = torch.cat(members).div_(3)
+        assert torch.equal(buffers[0], expected)
+        assert buffers[0].data_ptr() not in {g.data_ptr() for g in members}  # a copy: the gradients untouched
+        plain = layout.pack(k, message, members)
+        assert not plain.divided and torch.equal(plain.buffers[0], torch.cat(members))
+
+
+def test_a_message_reduced_in_place_is_left_for_the_transport_to_divide():
+    params = [torch.zeros(4), torch.zeros(2)]
+    versions = PlanVersions(plan((("a", 0, 4), ("b", 0, 2))))
+    layout = Layouts({"a": 0, "b": 1}, params, versions).of(versions.for_round(1))
+    packed = layout.pack(0, layout.plan.messages[0], [params[0], params[1]], divide_by=2)
+    assert not packed.divided and packed.results is None and packed.buffers[0] is layout.fused[0]

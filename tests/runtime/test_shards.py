@@ -85,16 +85,16 @@ def test_consecutive_slices_of_a_tensor_travel_as_one_piece_received_straight_in
     grads = [torch.arange(8.0), torch.arange(4.0) + 10]
     layout = ShardedLayout(s)
     joined = message(("a", 0, 2), ("a", 2, 2))
-    buffers, results, targets = layout.pack(0, joined, [grads[0], grads[0]])
+    buffers, results, targets, _ = layout.pack(0, joined, [grads[0], grads[0]])
     assert buffers[0].data_ptr() == grads[0].data_ptr()  # the two pieces are the whole of a
     # no Pairwise (NCCL's reduce_scatter): the result lands in this rank's part, one view takes it
     assert [t.numel() for t in targets[0]] == [4] and s.into == {} and results[0].tolist() == [4.0, 5.0, 6.0, 7.0]
 
     s.pairwise = object()  # what Sharded.transport sets on gloo (only its presence is read here)
-    buffers, _, targets = layout.pack(1, message(("a", 0, 1), ("a", 1, 1)), [grads[0], grads[0]])
+    buffers, _, targets, _ = layout.pack(1, message(("a", 0, 1), ("a", 1, 1)), [grads[0], grads[0]])
     assert buffers[0].tolist() == [0.0, 1.0, 4.0, 5.0] and targets == [[]]
     into = s.into.pop(id(buffers[0]))
     assert into.data_ptr() == s.grad_buffer(0).data_ptr() and into.numel() == 2
 
-    _, _, targets = layout.pack(2, message(("a", 2, 2), ("b", 0, 2)), grads)
+    _, _, targets, _ = layout.pack(2, message(("a", 2, 2), ("b", 0, 2)), grads)
     assert len(targets[0]) == 2 and s.into == {}  # two tensors: received into a buffer, copied back

@@ -14,13 +14,19 @@ its update at the device's memory bandwidth instead of doing the arithmetic on t
 Each layer keeps one buffer per gradient and hands it back
 to autograd every iteration, which takes it over as the new ``.grad`` (no allocation, no
 copy), as a GPU's backward would write fresh gradients. The hooks that keep the buffers run
-before a wrapper's hooks, so whatever the wrapper then does with ``.grad`` (copy it into a
-bucket, say) costs what it costs with real gradients.
+after a wrapper's hooks, so what is kept is the gradient as the wrapper left it (a view of its
+bucket, say), and whatever the wrapper does with ``.grad`` costs what it costs with real gradients.
+
+With a *launch share* each op is also launched by CPU work of that share of its time, done
+with real operator calls that take and release the interpreter lock as eager kernel launches
+do (:meth:`Pacer.launch`): a wrapper's own Python threads then make the launches, and the
+device, late, and the pacer counts the time the launches waited for the interpreter.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 import weakref
@@ -32,6 +38,7 @@ from torch import nn
 
 from ..models import MODELS, Layer, ModelTable, ParamSpec, model_table
 from ..models.devices import get_device
+from ..runtime.torch_private import plain_torch_function
 
 REAL = {
     "mlp": "MLP, 31.5M parameters (1024-2048-4096-4096-1024-10), batch 64",
@@ -53,19 +60,49 @@ def mini_table() -> ModelTable:
 _SCHEDSTAT = threading.local()
 
 
-def thread_busy_time() -> float:
-    """Seconds this thread has been running (its CPU time) or runnable (waiting for a CPU
-    that others held: the run delay in Linux's per-thread scheduler statistics, where they
-    are available). Time spent blocked (sleeping, on a lock) is not counted."""
+def thread_run_delay() -> float:
+    """Seconds this thread has been runnable but waiting for a CPU that others held (the run
+    delay in Linux's per-thread scheduler statistics; 0 where they are not available)."""
     fd = getattr(_SCHEDSTAT, "fd", None)
     if fd is None:
         try:
             fd = _SCHEDSTAT.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
             fd = _SCHEDSTAT.fd = -1
-    if fd < 0:
-        return time.thread_time()
-    return time.thread_time() + int(os.pread(fd, 128, 0).split()[1]) * 1e-9
+    return int(os.pread(fd, 128, 0).split()[1]) * 1e-9 if fd >= 0 else 0.0
+
+
+def thread_busy_time() -> float:
+    """Seconds this thread has been running (its CPU time) or runnable (:func:`thread_run_delay`).
+    Time spent blocked (sleeping, on a lock, waiting for the interpreter) is not counted."""
+    return time.thread_time() + thread_run_delay()
+
+
+@dataclass
+class LaunchWork:
+    """What the launch work of a :class:`Pacer` took, in all (seconds)."""
+
+    cpu_s: float = 0.0  # its CPU time
+    wall_s: float = 0.0  # from its start to its end
+    queued_s: float = 0.0  # runnable, waiting for a CPU (the run delay)
+    blocked: int = 0  # times it blocked (voluntary context switches): on the interpreter lock
+
+    @property
+    def interpreter_s(self) -> float:
+        """Neither running nor queued for a CPU: blocked, and launch work blocks only on the
+        interpreter lock that another thread of the process holds (:attr:`blocked` counts
+        those), or interrupted (interrupt time is charged to no thread: on loopback the
+        network's work runs so, and with both CPUs busy with other processes' work a few
+        microseconds per launch are lost so too)."""
+        return max(0.0, self.wall_s - self.cpu_s - self.queued_s)
+
+
+def _voluntary_switches() -> int:
+    """This thread's voluntary context switches so far (0 where the platform does not count them)."""
+    try:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    except (AttributeError, OSError):
+        return 0
 
 
 class Pacer:
@@ -84,9 +121,15 @@ class Pacer:
     """
 
     def __init__(self, quantum: float = 3e-4, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = thread_busy_time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 cpu_clock: Callable[[], float] = thread_busy_time, sleep: Callable[[float], None] = time.sleep,
+                 launch_share: float = 0.0) -> None:
+        if not 0.0 <= launch_share < 1.0:
+            raise ValueError(f"launch_share must be in [0, 1), got {launch_share}")
         self.quantum = quantum
         self.clock, self.cpu_clock, self.sleep = clock, cpu_clock, sleep
+        self.launch_share = launch_share  # of each op's time, the CPU work that launches it (see launch())
+        self.launched = LaunchWork()
+        self._scratch = torch.zeros(8)
         self.end: float | None = None  # when the previous op ended (device time, on the wall clock)
         self.resumed = 0.0  # when the thread got back from it
         self.cpu = 0.0  # the thread's CPU time then
@@ -94,7 +137,25 @@ class Pacer:
         self.ops = 0
         self.busy_s = 0.0  # device time paced so far
 
+    def launch(self, seconds: float) -> None:
+        """The CPU work that launches an op of ``seconds`` in eager PyTorch, ``launch_share`` of
+        it: real operator calls on a small tensor until this thread has spent that much CPU
+        time. Each call holds the interpreter lock for its Python part and lets go of it in
+        its C++ part, as a kernel launch does, so another thread of the process that holds the
+        lock meanwhile makes this work, and the op it launches, late."""
+        target = self.launch_share * seconds
+        wall, cpu, queued, switches = time.perf_counter(), time.thread_time(), thread_run_delay(), _voluntary_switches()
+        while time.thread_time() - cpu < target:
+            torch.neg(self._scratch, out=self._scratch)
+        work = self.launched
+        work.cpu_s += time.thread_time() - cpu
+        work.wall_s += time.perf_counter() - wall
+        work.queued_s += thread_run_delay() - queued
+        work.blocked += _voluntary_switches() - switches
+
     def wait(self, seconds: float) -> None:
+        if self.launch_share:
+            self.launch(seconds)  # its CPU time is hidden behind the previous op, its waits are not
         now, cpu = self.clock(), self.cpu_clock()
         if self.end is None:
             start = now
@@ -189,10 +250,14 @@ class ReplayLayer(nn.Module):
 
     def take_gradients(self) -> list[torch.Tensor]:
         out = []
-        for i, p in enumerate(self.weights):
-            buffer = self._buffers_out[i]
-            self._buffers_out[i] = None  # autograd must hold the only reference to steal it
-            out.append(buffer if buffer is not None and buffer.shape == p.shape else torch.zeros_like(p))
+        # What a wrapper left in .grad may be a tensor subclass whose every operation first waits
+        # (gradsched's gradient in flight): the replay only asks its shape, as a kernel's launch
+        # would not wait either, and does not run the subclass's Python for it.
+        with plain_torch_function():
+            for i, p in enumerate(self.weights):
+                buffer = self._buffers_out[i]
+                self._buffers_out[i] = None  # autograd must hold the only reference to steal it
+                out.append(buffer if buffer is not None and buffer.shape == p.shape else torch.zeros_like(p))
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,10 +267,11 @@ class ReplayLayer(nn.Module):
 
 
 class ReplayNet(nn.Module):
-    def __init__(self, table: ModelTable, dilation: float = 1.0) -> None:
-        """``dilation``: each layer takes that many times its profiled time (gradsched.bench.dilation)."""
+    def __init__(self, table: ModelTable, dilation: float = 1.0, launch_share: float = 0.0) -> None:
+        """``dilation``: each layer takes that many times its profiled time (gradsched.bench.dilation);
+        ``launch_share``: each op's launch holds the interpreter for that share of it (:meth:`Pacer.launch`)."""
         super().__init__()
-        self.pacer = Pacer()
+        self.pacer = Pacer(launch_share=launch_share)
         self.layers = nn.ModuleList(
             ReplayLayer(layer.name, layer.forward_s * dilation, layer.backward_s * dilation,
                         [p.numel for p in layer.params], self.pacer)
@@ -251,9 +317,11 @@ def _classify(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y)
 
 
-def workload(name: str, batch: int = 32, device: str = "v100", dilation: float = 1.0) -> Workload:
+def workload(name: str, batch: int = 32, device: str = "v100", dilation: float = 1.0,
+             launch_share: float = 0.0) -> Workload:
     """The workload called ``name`` (see ``REAL`` and ``REPLAY``); a replayed one runs
-    ``dilation`` times slower (its ``table`` stays the profile's)."""
+    ``dilation`` times slower (its ``table`` stays the profile's), each op launched by CPU work
+    of ``launch_share`` of its time (:meth:`Pacer.launch`)."""
     if name == "mlp":
         return Workload(name, REAL[name], False, _mlp,
                         lambda g: (torch.randn(64, 1024, generator=g), torch.randint(0, 10, (64,), generator=g)),
@@ -267,7 +335,7 @@ def workload(name: str, batch: int = 32, device: str = "v100", dilation: float =
         detail = "" if name == "replay-mini" else f" ({device}, batch {batch}: {table.compute_s * 1e3:.0f} ms compute)"
         rate = get_device(device).memory_gbs * 1e9 / dilation
         return Workload(name, REPLAY[name] + detail,
-                        True, lambda: ReplayNet(table, dilation), lambda g: (torch.zeros(1), torch.zeros(1)),
+                        True, lambda: ReplayNet(table, dilation, launch_share), lambda g: (torch.zeros(1), torch.zeros(1)),
                         lambda out, y: out.sum(), table,
                         lambda model: ReplayOptimizer(model.parameters(), model.pacer, rate))
     known = ", ".join([*REAL, *REPLAY])

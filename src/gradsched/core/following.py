@@ -26,11 +26,12 @@ False
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Mapping
 
 from .plan import Plan, PlannedMessage
 
-Ready = Callable[[int], bool]  # whether gradient i of this round has been handed over here
+Ready = Callable[[int], bool]  # whether gradient i of this round has been handed over here (once so, always)
 
 
 class RoundFollower:
@@ -38,24 +39,36 @@ class RoundFollower:
 
     def __init__(self, plan: Plan, index: Mapping[str, int]) -> None:
         self.plan = plan
-        n = len(plan.messages)
-        self.launched = 0  # messages started (always a prefix of the plan)
-        self.in_flight = 0  # started, not finished
-        self.done = [False] * n
-        self.resolved = [False] * n  # its results are in place (on CUDA: ordered behind an event)
-        self.sent = [False] * n  # reported sent by the transport (parameter servers)
-        self.remaining: dict[int, int] = {}  # tensor -> slices not yet reduced
         self.messages_of: dict[int, list[int]] = {}  # tensor -> messages carrying a slice of it
+        self._slices: dict[int, int] = {}  # tensor -> its slices in the plan
         self._needs: list[tuple[int, ...]] = []  # message -> tensors that must be ready first
         self._carried: list[tuple[int, ...]] = []  # message -> tensor of each of its slices
         for k, message in enumerate(plan.messages):
             carried = [index[name] for name in message.tensors]
             self._carried.append(tuple(carried))
             for i in carried:
-                self.remaining[i] = self.remaining.get(i, 0) + 1
+                self._slices[i] = self._slices.get(i, 0) + 1
                 self.messages_of.setdefault(i, []).append(k)
             after = [index[message.after_tensor]] if message.after_tensor is not None else []
             self._needs.append(tuple(dict.fromkeys(carried + after)))
+        self._begin()
+
+    def _begin(self) -> None:
+        n = len(self.plan.messages)
+        self.launched = 0  # messages started (always a prefix of the plan)
+        self.in_flight = 0  # started, not finished
+        self.done = [False] * n
+        self.resolved = [False] * n  # its results are in place (on CUDA: ordered behind an event)
+        self.sent = [False] * n  # reported sent by the transport (parameter servers)
+        self.remaining = dict(self._slices)  # tensor -> slices not yet reduced
+        self._ready_needs = 0  # how many of the next message's needs are known ready (a prefix)
+
+    def again(self) -> RoundFollower:
+        """A follower of another round of the same plan, from its start (what only the plan
+        decides is shared, not worked out again)."""
+        follower = copy.copy(self)
+        follower._begin()
+        return follower
 
     @property
     def next(self) -> PlannedMessage | None:
@@ -67,14 +80,29 @@ class RoundFollower:
         """Every message has finished."""
         return self.launched == len(self.plan.messages) and self.in_flight == 0
 
+    def _first_lacking(self, ready: Ready) -> int:
+        """Where in the next message's needs the first gradient not ready is (their number:
+        none). A gradient once ready stays ready for the round, so the search goes on from
+        where it last stopped: following a round asks ``ready`` about each need about once,
+        however often it is asked whether the next message may start."""
+        needs = self._needs[self.launched]
+        k = self._ready_needs
+        while k < len(needs) and ready(needs[k]):
+            k += 1
+        self._ready_needs = k
+        return k
+
     def lacking(self, ready: Ready) -> list[int]:
         """The gradients the next message waits for (its own, and its releasing one)."""
-        return [i for i in self._needs[self.launched] if not ready(i)] if self.next is not None else []
+        if self.next is None:
+            return []
+        needs = self._needs[self.launched]
+        return [i for i in needs[self._first_lacking(ready):] if not ready(i)]
 
     def launchable(self, ready: Ready) -> bool:
         """Whether the next message may start now."""
         message = self.next
-        if message is None or self.lacking(ready):
+        if message is None or self._first_lacking(ready) < len(self._needs[self.launched]):
             return False
         after = message.after_message
         return after is None or self.done[after] or (message.after_sent and self.sent[after])
@@ -86,6 +114,7 @@ class RoundFollower:
             raise ValueError("every message of this round has started")
         k = self.launched
         self.launched += 1
+        self._ready_needs = 0
         self.in_flight += 1
         return k, self.in_flight == 1
 
@@ -120,6 +149,10 @@ class RoundFollower:
         self.sent[k] = True
         self.in_flight -= 1
         return reduced
+
+    def carried(self, k: int) -> tuple[int, ...]:
+        """The gradient of each slice of message ``k``, in order (a gradient twice if sliced twice)."""
+        return self._carried[k]
 
     def carries_from(self, i: int, k: int) -> bool:
         """Whether message ``k`` or a later one carries a slice of gradient ``i``."""

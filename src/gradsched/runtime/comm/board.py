@@ -16,7 +16,10 @@ One lock (a condition variable) guards it, and every field has one writer:
   message must have *ended* (its credit, its time, close);
 * ``error``: whoever fails first; ``closed``: the exchange, when it closes.
 
-Readers wait on ``cond``; every writer notifies it.
+Readers wait on ``cond``, and every writer notifies it, except the wait for reductions: the
+training thread waits on ``reduced`` for the gradients it adds to ``wanted``, and is woken
+when one of those is reduced (not at every message's end), or when anything fails or closes,
+or the launcher waits for a gradient (:meth:`wake_all`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Board:
         self.index = {t.name: i for i, t in enumerate(self.tensors)}
         self.like = list(like)  # the parameters: shape, dtype and device of each gradient
         self.cond = threading.Condition()
+        self.reduced = threading.Condition(self.cond)  # on the same lock: the wait for ``wanted``'s reductions
+        self.wanted: list[set[int]] = []  # per waiter on ``reduced``, the gradients it waits for
         n = len(self.tensors)
         self.ready_round = [0] * n  # last round in which the gradient was handed over
         self.reduced_round = [0] * n  # last round whose reduction of it is complete
@@ -74,9 +79,20 @@ class Board:
     def stopping(self) -> bool:
         return self.closed or self.error is not None
 
+    def reduced_now(self, indices: Sequence[int]) -> None:
+        """Gradients ``indices`` were just reduced: the training thread is woken if it waits for one.
+        Under the lock."""
+        if any(not wanted.isdisjoint(indices) for wanted in self.wanted):
+            self.reduced.notify_all()
+
+    def wake_all(self) -> None:
+        """Every waiter looks again (something failed, closed, or waits for a gradient). Under the lock."""
+        self.cond.notify_all()
+        self.reduced.notify_all()
+
     def fail(self, exc: BaseException) -> None:
         """Communication failed: every waiter raises from now on."""
         with self.cond:
             if self.error is None:
                 self.error = exc
-            self.cond.notify_all()
+            self.wake_all()

@@ -26,7 +26,7 @@ def by_dtype(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     return [groups[d] for d in sorted(groups, key=str)]
 
 
-def _flat(members: Sequence[torch.Tensor]) -> torch.Tensor:
+def flatten(members: Sequence[torch.Tensor]) -> torch.Tensor:
     """``members`` (of one dtype) copied together into one flat tensor."""
     return torch.cat([t.detach().reshape(-1) for t in members])
 
@@ -34,7 +34,7 @@ def _flat(members: Sequence[torch.Tensor]) -> torch.Tensor:
 def flat_by_dtype(tensors: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
     """``tensors`` grouped by dtype in a fixed order (every rank the same), each group with its
     members copied together into one flat tensor."""
-    return [(members, _flat(members)) for members in by_dtype(tensors)]
+    return [(members, flatten(members)) for members in by_dtype(tensors)]
 
 
 def unflatten_into(members: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
@@ -70,7 +70,7 @@ def broadcast_flat(tensors: Sequence[torch.Tensor], source: int, group: dist.Pro
     for members in by_dtype(tensors):
         for run in runs(members, CHUNK_BYTES):
             alone = len(run) == 1 and run[0].is_contiguous()
-            flat = run[0].detach() if alone else _flat(run)
+            flat = run[0].detach() if alone else flatten(run)
             with failing_rank(what, explain):
                 dist.broadcast(flat, group_src=source, group=group)
             if not alone:

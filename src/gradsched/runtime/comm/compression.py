@@ -128,6 +128,7 @@ class Compressed(BaseTransport):
 
     def __init__(self, inner: Transport, wire: torch.dtype) -> None:
         self.inner = inner
+        self.divisor = inner.divisor  # divided as inner divides (before the cast)
         self.wire = WireBuffers(wire)
         self.part = getattr(inner, "result_part", None)
 

@@ -198,7 +198,12 @@ class Exchange:
                     names = [self.tensors[i].name for i in pending]
                     return (f"timed out after {self.timeout_s:.0f} s waiting for the reduction of {what} "
                             f"{names[:3]}: another rank is stuck or did not run the same backward passes"), None
-                board.cond.wait(min(left, 1.0))
+                wanted = set(pending)  # woken when one of these is reduced (Board.reduced_now)
+                board.wanted.append(wanted)
+                try:
+                    board.reduced.wait(min(left, 1.0))
+                finally:
+                    board.wanted.remove(wanted)
 
     def between_rounds(self, run: Callable[[], T]) -> T:
         """Run ``run`` (an operation on the data group) on the launcher thread, at the same point
@@ -227,7 +232,7 @@ class Exchange:
         board = self.board
         with board.cond:
             board.closed = True
-            board.cond.notify_all()
+            board.wake_all()
             self.launcher.wake()
         self.launcher.stop(wait and board.error is None)
         self.release_buffers()

@@ -54,6 +54,7 @@ class RoundState:
     adopted: Adopted
     layout: BufferLayout
     follower: RoundFollower
+    ready: Callable[[int], bool]  # whether gradient i of this round has been handed over here
     futures: dict[int, list[torch.futures.Future]] = field(default_factory=dict)  # message -> its futures
     packed: dict[int, int] = field(default_factory=dict)  # message -> bytes of the copies it travels in
     held: dict[int, list] = field(default_factory=dict)  # message -> the copies it travels in, until it ended
@@ -70,6 +71,12 @@ class RoundState:
 
 
 _ANY_ROUND = "any round"  # what the launcher waits for between rounds
+
+
+def _handed_over(ready_round: list[int], round_index: int, i: int) -> bool:
+    """Gradient ``i`` of round ``round_index`` (or a later one) has been handed over (the
+    board's ``ready_round``, read under its lock)."""
+    return ready_round[i] >= round_index
 
 
 def _copy_back(result: torch.Tensor, views: Sequence[torch.Tensor], future: torch.futures.Future) -> list:
@@ -91,6 +98,7 @@ class Launcher:
         self.versions = versions  # read under the board's lock
         self.layouts = layouts
         self.transport = transport
+        self.divisor = transport.divisor  # what it divides by before sending: a copied message is packed so
         self.completion = completion
         self.on_event = on_event  # tracing: on_event(kind, **fields), called under the lock
         self.rounds: dict[int, RoundState] = {}
@@ -126,7 +134,7 @@ class Launcher:
             return True  # busy (launching), and it will say when it waits again
         if state is _ANY_ROUND:  # it begins the round it waits for once a gradient of it is handed over
             return max(self.board.ready_round, default=0) >= self._begins
-        return not state.follower.lacking(partial(self._ready, state.index))
+        return not state.follower.lacking(state.ready)
 
     def held_up_by(self, indices: Sequence[int]) -> list[int]:
         """If the message this thread waits to launch lacks gradients of its round, and must go
@@ -136,7 +144,7 @@ class Launcher:
         if not isinstance(state, RoundState):
             return []
         board, r = self.board, state.index
-        if not state.follower.lacking(partial(self._ready, r)):
+        if not state.follower.lacking(state.ready):
             return []
         k = state.follower.launched
         for i in indices:
@@ -204,9 +212,6 @@ class Launcher:
             with self.board.cond:
                 self._jobs.fail_all()
 
-    def _ready(self, round_index: int, i: int) -> bool:
-        return self.board.ready(i, round_index)
-
     def _begin(self, round_index: int) -> RoundState | None:
         """Wait until the round has begun here (running jobs meanwhile), then set it up (None: stop)."""
         board = self.board
@@ -235,14 +240,17 @@ class Launcher:
             self._waiting = None
             adopted = self.versions.for_round(round_index)
             self.versions.forget_before(round_index)
-            follower = RoundFollower(adopted.plan, board.index)
-            state = RoundState(round_index, adopted, self.layouts.of(adopted), follower)
+            previous = self.rounds.get(round_index - 1)
+            follower = (previous.follower.again() if previous is not None and previous.adopted is adopted
+                        else RoundFollower(adopted.plan, board.index))
+            state = RoundState(round_index, adopted, self.layouts.of(adopted), follower,
+                               partial(_handed_over, board.ready_round, round_index))
             self.rounds[round_index] = state
             self.rounds.pop(round_index - 2, None)
             return state
 
     def _launchable(self, state: RoundState) -> bool:
-        return state.follower.launchable(partial(self._ready, state.index))
+        return state.follower.launchable(state.ready)
 
     def _await(self, state: RoundState) -> tuple | None:
         """Wait until the next message may start; take its buffers (None: stop)."""
@@ -252,28 +260,32 @@ class Launcher:
                 if board.stopping:
                     return None
                 self._waiting = state
-                board.cond.notify_all()  # progresses_alone() may have changed
+                if state.follower.lacking(state.ready):  # progresses_alone() is False now; held_up_by() may say
+                    board.wake_all()  # more (waiting for a credit instead, it progresses alone as when busy)
                 self._wake.wait()
             self._waiting = None
             k, idle = state.follower.launch()
             message = state.plan.messages[k]
-            grads = [board.grads[board.index[name]] for name in message.tensors]
-            produced = latest_per_stream(board.produced[board.index[name]] for name in dict.fromkeys(message.tensors))
+            carried = state.follower.carried(k)
+            grads = [board.grads[i] for i in carried]
+            produced = latest_per_stream(board.produced[i] for i in dict.fromkeys(carried))
             return k, message, grads, idle, produced
 
     def _launch(self, state: RoundState, k: int, message: PlannedMessage, grads: list[torch.Tensor],
                 idle: bool, produced: list[Any]) -> None:
         self.board.device.wait_for(produced)  # what follows runs after the streams that wrote the gradients
-        buffers, results, targets = state.layout.pack(k, message, grads)
+        buffers, results, targets, divided = state.layout.pack(k, message, grads, self.divisor)
         if state.layout.reads_gradients_once and not self.board.device.ordered:
             with self.board.cond:  # packed (on the host: copied by now): what only the pack read can go
                 state.packed[k] = sum(buffer.nbytes for buffer in buffers)
                 self.board.packed_bytes += state.packed[k]
-                self._let_go(state, message, packed=True)
+                self._let_go(state, k, packed=True)
                 self.board.cond.notify_all()  # a backward pass may wait for the bytes (Exchange.mark_ready)
         launched_at = time.perf_counter()
-        futures = self.transport.reduce(MessageKey(state.index, state.adopted.version, k), buffers,
-                                        on_sent=partial(self._sent, state, k))
+        if not divided:
+            self.transport.divide(buffers)
+        futures = self.transport.send(MessageKey(state.index, state.adopted.version, k), buffers,
+                                      on_sent=partial(self._sent, state, k))
         if targets is not None:
             futures = [f.then(partial(_copy_back, r, v)) for f, r, v in zip(futures, results, targets)]
             state.hold(k, results)
@@ -286,15 +298,14 @@ class Launcher:
         self.completion.track(futures, partial(self._resolved, state, k),
                               partial(self._finished, state, k, message, launched_at, idle))
 
-    def _let_go(self, state: RoundState, message: PlannedMessage, packed: bool = False) -> None:
+    def _let_go(self, state: RoundState, k: int, packed: bool = False) -> None:
         """The gradients handed over whose every message of the round has finished (``packed``:
         has been packed, where a layout reads the gradients only to pack them): the board lets
         go of them (under sharding the last reference to a rank's whole local gradient, which
         the reduce-scatters read: ZeRO-2's release). Under the board's lock."""
         board, follower = self.board, state.follower
         over = (lambda m: m < follower.launched) if packed else (lambda m: follower.done[m])
-        for name in dict.fromkeys(message.tensors):
-            i = board.index[name]
+        for i in dict.fromkeys(follower.carried(k)):
             if board.ready_round[i] == state.index and all(map(over, follower.messages_of[i])):
                 board.hold(i, None)
                 board.produced[i] = None
@@ -303,10 +314,11 @@ class Launcher:
         """Message ``k``'s results are in place behind ``event`` (None on CPU)."""
         board = self.board
         with board.cond:
-            for i in state.follower.resolve(k):
+            reduced = state.follower.resolve(k)
+            for i in reduced:
                 board.result[i] = event
                 board.reduced_round[i] = state.index
-            board.cond.notify_all()
+            board.reduced_now(reduced)  # (nothing else waits for a resolution)
 
     def _sent(self, state: RoundState, k: int) -> None:
         with self.board.cond:
@@ -329,10 +341,12 @@ class Launcher:
             transport.finished(MessageKey(state.index, state.adopted.version, k))  # its memory may be reused
         with board.cond:
             self._timer.finished(message.nbytes, launched_at, idle, now)
-            for i in state.follower.finish(k):  # none: resolved before
+            reduced = state.follower.finish(k)  # none: resolved before
+            for i in reduced:
                 board.result[i] = None
                 board.reduced_round[i] = state.index
-            self._let_go(state, message)
+            board.reduced_now(reduced)
+            self._let_go(state, k)
             board.packed_bytes -= state.packed.pop(k, 0)
             state.futures.pop(k, None)
             state.held.pop(k, None)

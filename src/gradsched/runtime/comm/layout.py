@@ -18,12 +18,12 @@ buffer and back: memory held only while the message is in flight.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 
 from gradsched.core.plan import Plan, PlannedMessage
-from gradsched.runtime.comm.broadcast import flat_by_dtype
+from gradsched.runtime.comm.broadcast import by_dtype, flatten
 from gradsched.runtime.comm.plans import Adopted, PlanVersions
 
 BufferKey = tuple[torch.dtype, torch.device, int]  # dtype, device, chunk
@@ -86,19 +86,51 @@ class BufferLayout:
             if consecutive and all(r[0] == key for r in ranges):
                 self.fused[k] = homes.flat[key][ranges[0][1] : ranges[-1][1] + ranges[-1][2]]
 
-    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list | None, list | None]:
-        """Message ``k``'s buffers (``grads``: the gradients of its slices, in order): (the
-        buffers to reduce, where their results are, the views those go back to; both None
-        where the buffers are the gradients' own memory)."""
+    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor],
+             divide_by: int | None = None) -> Packed:
+        """Message ``k``'s buffers (``grads``: the gradients of its slices, in order): the
+        buffers to reduce, where their results are and the views those go back to (both None
+        where the buffers are the gradients' own memory), and whether the buffers are divided
+        by ``divide_by`` already (a copy made divided: one pass over the bytes, not two)."""
         fused = self.fused.get(k)
         if fused is not None:  # the gradients already live, in order, in the message's range
-            return [fused], None, None
+            return Packed([fused], None, None, False)
         views = [g.view(-1)[offset : offset + numel] for g, (_, offset, numel) in zip(grads, message.slices)]
         if len(views) == 1:
-            return views, None, None
-        grouped = flat_by_dtype(views)  # copied into one buffer per dtype: one operation each, in a fixed order
-        buffers = [flat for _, flat in grouped]
-        return buffers, buffers, [members for members, _ in grouped]
+            return Packed(views, None, None, False)
+        groups = by_dtype(views)  # copied into one buffer per dtype, in a fixed order
+        if divide_by is None:
+            buffers = [flatten(members) for members in groups]
+        else:
+            buffers = [_divided_copy(members, divide_by) for members in groups]
+        return Packed(buffers, buffers, groups, divide_by is not None)
+
+
+class Packed(NamedTuple):
+    """A message's buffers as :meth:`BufferLayout.pack` (and an architecture's own layout) gives them."""
+
+    buffers: list  # to reduce
+    results: list | None  # where their results are (None: the buffers are the gradients' own memory)
+    targets: list | None  # the views each result goes back to
+    divided: bool  # already divided as the transport would before they travel
+
+
+#: a member of a copied message at least this large is divided as it is copied (one operation, one pass
+#: over it); smaller ones are copied together and then divided (two operations in all, two passes)
+DIVIDED_COPY_BYTES = 64 << 10
+
+
+def _divided_copy(members: Sequence[torch.Tensor], divisor: int) -> torch.Tensor:
+    """``members`` (of one dtype) copied together into one flat tensor, each element divided by
+    ``divisor``: the same values, bit for bit, as a copy divided in place afterwards."""
+    if sum(t.nbytes for t in members) < DIVIDED_COPY_BYTES * len(members):  # mostly small: two operations
+        return flatten(members).div_(divisor)
+    flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype, device=members[0].device)
+    offset = 0
+    for t in members:
+        torch.div(t.detach().reshape(-1), divisor, out=flat[offset : offset + t.numel()])
+        offset += t.numel()
+    return flat
 
 
 class Layouts:

@@ -48,6 +48,10 @@ class MessageKey(NamedTuple):
 
 
 class Transport(Protocol):
+    #: what :meth:`divide` divides every element by, where that is all it does (None: nothing, or
+    #: something else): a layout that copies a message's gradients divides them as it copies
+    divisor: int | None
+
     def divide(self, buffers: Sequence[torch.Tensor]) -> None:
         """What this rank does to its buffers, in place, before they travel."""
 
@@ -73,6 +77,8 @@ class Transport(Protocol):
 class BaseTransport:
     """What every transport's :meth:`Transport.reduce` is, and nothing kept between messages."""
 
+    divisor: int | None = None
+
     def reduce(self, key: MessageKey, buffers: Sequence[torch.Tensor],
                on_sent: Callable[[], None] | None = None) -> Reduced:
         self.divide(buffers)
@@ -93,6 +99,7 @@ class Issued(BaseTransport):
         self.device = device
         self.group = group
         self.result_part = getattr(inner, "result_part", None)  # a reduce-scatter's (Compressed reads it)
+        self.divisor = inner.divisor
 
     def divide(self, buffers: Sequence[torch.Tensor]) -> None:
         self.inner.divide(buffers)
@@ -123,7 +130,7 @@ class AllReduce(BaseTransport):
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
-        self.size = dist.get_world_size(group)
+        self.size = self.divisor = dist.get_world_size(group)
 
     def divide(self, buffers: Sequence[torch.Tensor]) -> None:
         for buffer in buffers:

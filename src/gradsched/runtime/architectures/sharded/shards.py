@@ -59,6 +59,7 @@ from gradsched.core.task import TensorSpec
 from gradsched.runtime import torch_api, torch_private
 from gradsched.runtime.comm.compression import wire_dtype
 from gradsched.runtime.comm.pairwise import Pairwise
+from gradsched.runtime.comm.layout import Packed
 from gradsched.runtime.comm.transport import BaseTransport, MessageKey, Reduced
 from gradsched.runtime.device import Device
 from gradsched.runtime.errors import GradschedError
@@ -401,8 +402,10 @@ class ShardedLayout:
         self.shards = shards
         self.homes: dict[int, torch.Tensor] = {}  # none: each gradient stays in autograd's memory
 
-    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor]) -> tuple[list, list, list]:
-        """(buffers to reduce, where this rank's results are in them, where those go), per dtype."""
+    def pack(self, k: int, message: PlannedMessage, grads: Sequence[torch.Tensor],
+             divide_by: int | None = None) -> Packed:
+        """(buffers to reduce, where this rank's results are in them, where those go), per dtype;
+        not divided (rank-major packing copies by pieces: the transport divides the buffers after)."""
         shards = self.shards
         by_dtype: dict[torch.dtype, list[int]] = {}
         for k, (name, _, _) in enumerate(message.slices):
@@ -420,7 +423,7 @@ class ShardedLayout:
                 shards.into[id(buffer)] = views[0]
                 views = []
             targets.append(views)
-        return buffers, results, targets
+        return Packed(buffers, results, targets, False)
 
 
 class ReduceScatter(BaseTransport):
