@@ -112,8 +112,9 @@ def test_the_overhead_and_cpu_cost_tables_are_what_their_json_prints():
                                                          "runtime-overhead-compile")}
     cpu_cost = script("cpu_cost").table
     shown.update({name: cpu_cost(figure(name)) for name in (
-        "cpu-cost-resnet50-h100", "cpu-cost-resnet50-h100-plans", "cpu-cost-transformer-h100",
-        "cpu-cost-transformer-h100-plans")})
+        *(f"cpu-cost-{model}-h100{plans}{after}" for model in ("resnet50", "transformer") for plans in ("", "-plans")
+          for after in ("", "-after")),
+        "cpu-cost-resnet50-h100-plans-launch30", "cpu-cost-transformer-h100-plans-launch30")})
     for name, table in shown.items():
         assert table in PAGES["docs/bench.md"], name
     for page, text in PAGES.items():  # and no other loopback table is shown anywhere

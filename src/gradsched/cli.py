@@ -27,6 +27,7 @@ from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
+from .sim.predict import straggling
 from .units import parse_bytes, parse_duration
 
 
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gather-budget", metavar="SIZE",
                      help="--arch fully_sharded: whole parameters prefetching may hold (gather_budget_mb), e.g. "
                           "256MiB (default: the runtime's, the largest layer's)")
+    sim.add_argument("--straggler", type=float, metavar="FACTOR",
+                     help="one worker computes FACTOR times slower throughout (> 1): every collective waits for "
+                          "its gradients, so the iteration runs on its compute, the plans made on its ready times")
     sim.add_argument("--iterations", type=int, default=30, help="simulated iterations (default 30)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     sim.add_argument("--trace", help="write a Chrome trace (Perfetto, chrome://tracing) of every policy")
@@ -180,6 +184,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _writable(args.trace, "--trace")
     _writable(args.plot, "--plot")
     table = _table(args)
+    if args.straggler is not None:
+        if not args.straggler > 1:
+            raise UsageError(f"--straggler must be a factor > 1 (one worker that many times slower), got {args.straggler}")
+        table = straggling(table, args.straggler)
     timelines = bool(args.trace or (args.plot and len(clusters) == 1))
     if args.plot:
         require("matplotlib", "plot")  # now, not after the simulations

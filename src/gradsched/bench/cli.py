@@ -57,6 +57,10 @@ def add_parser(sub) -> None:
                        help=f"frame size of the emulated links in bytes (default {JUMBO_MTU}: jumbo frames, "
                             "docs/bench.md)")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
+    bench.add_argument("--straggler", metavar="RANK:FACTOR",
+                       help="one slow worker: RANK's replayed compute FACTOR times slower throughout, e.g. 1:1.5 "
+                            "(replay models; the bound and the predictions take the slow rank's compute, which "
+                            "every collective waits for)")
     bench.add_argument("--policy", default=DEFAULT_POLICIES,
                        help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
     bench.add_argument("--iters", type=int, default=30, help="timed iterations per policy (default 30)")
@@ -119,7 +123,16 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip, sharded=args.sharded,
         fully_sharded=args.fully_sharded,
         compression=args.compression, dilation=_dilation(args.dilation), mtu=args.mtu,
+        straggler=None if args.straggler is None else _straggler(args.straggler),
     )
+
+
+def _straggler(text: str) -> tuple[int, float]:
+    rank, _, factor = text.partition(":")
+    try:
+        return int(rank), float(factor)
+    except ValueError:
+        raise UsageError(f"--straggler must be RANK:FACTOR, such as 1:1.5, got {text!r}") from None
 
 
 def _dilation(text: str) -> float | str:

@@ -53,6 +53,7 @@ class BenchConfig:
     #   by calibration runs starting from bandwidths_bps[0]
     dilation: float | str = 1.0  # time dilation K (gradsched.bench.dilation), or "auto"
     mtu: int = JUMBO_MTU  # frame size on the emulated links (gradsched.bench.netns)
+    straggler: tuple[int, float] | None = None  # (rank, factor): that worker's replayed compute factor times slower
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -99,7 +100,22 @@ class BenchConfig:
             raise ValueError(f"--clip must be a norm >= 0 (0: no clipping rows), got {self.clip}")
         if self.autotune_trials == 1 or self.autotune_trials < 0:
             raise ValueError(f"--autotune needs >= 2 trials (the defaults and a candidate), got {self.autotune_trials}")
-        check_dilation(self.dilation, workload(self.model, self.batch, self.device).replay)  # unknown models raise
+        replay = workload(self.model, self.batch, self.device).replay  # unknown models raise
+        check_dilation(self.dilation, replay)
+        if self.straggler is not None:
+            rank, factor = self.straggler
+            if not replay:
+                raise ValueError("--straggler slows a replayed model's compute: choose a replay model")
+            if not 0 <= rank < self.workers:
+                raise ValueError(f"--straggler names a worker: a rank in 0..{self.workers - 1}, got {rank}")
+            if not factor > 1:
+                raise ValueError(f"--straggler's factor must be > 1 (its compute that many times slower), got {factor}")
+
+    @property
+    def straggling(self) -> float:
+        """How many times slower the slowest worker computes (1: none is slower): every
+        collective waits for it, so it sets the compute the others see (the bound, the predictions)."""
+        return 1.0 if self.straggler is None else self.straggler[1]
 
     @property
     def with_servers(self) -> bool:

@@ -90,6 +90,8 @@ class Setting:
 def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: RankReport) -> Setting:
     """The figures of one bandwidth from rank 0's ``raw`` result: the bound, and a row per run."""
     compute = statistics.median(raw.compute)
+    if config.straggler is not None and config.straggler[0] != 0:  # rank 0 measured a fast rank's compute: the
+        compute *= config.straggling  # slowest rank's is what every collective, and so every iteration, waits for
     ring = statistics.median(raw.comm)
     # the link as measured: latency and per-message overhead from tiny messages, and the
     # cost per byte from the communication-only time (a ring all-reduce among the workers)

@@ -67,6 +67,7 @@ class WorkerConfig:
     compression: str | None = None
     dilation: float = 1.0
     trace_dir: str | None = None
+    straggler: tuple[int, float] | None = None  # (rank, factor): that rank's replayed compute factor times slower
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -75,4 +76,6 @@ class WorkerConfig:
     def from_json(cls, text: str) -> WorkerConfig:
         data = json.loads(text)
         data["runs"] = tuple(Run(**run) for run in data["runs"])
+        if data.get("straggler") is not None:
+            data["straggler"] = tuple(data["straggler"])
         return cls(**data)

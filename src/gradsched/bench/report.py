@@ -27,6 +27,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "compression": config.compression,
         "procs_per_node": config.procs_per_node,
         "launcher": config.launcher,
+        "straggler": list(config.straggler) if config.straggler is not None else None,
         "mtu": config.mtu,
         "dilation": settings[0].dilation if settings else 1.0,
         "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
@@ -75,6 +76,9 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         lines.append(f"{config.model}{' [REPLAY]' if work.replay else ''} · {config.workers} workers{arch}{hosts} · {where}"
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
+        if config.straggler is not None:
+            rank, factor = config.straggler
+            lines.append(f"  straggler: rank {rank} computes {factor:g}x slower; compute below is its (the bound's)")
         if s.dilation != 1 or s.dilation_busy is not None:
             tried = "; ".join(f"K={c['dilation']:g}: busiest run {_percent(c['host_cpu_busy_busiest_run'])}"
                               for c in s.dilation_history or [])
@@ -100,24 +104,35 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                 (s.cpu_comm, "communicating only"), (s.cpu_comm_servers, "through the servers")) if cpu is not None]
         if busy:
             lines.append(f"  host CPUs busy: {', '.join(busy)} (the ranks and the network's kernel work share them)")
-        versus = f"vs {config.reference}"
-        width = max([14] + [len(row.policy) for row in s.rows])
-        lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4} "
-                     f"{'peak MiB':>8} {'alloc MiB':>9}  plan")
-        for row in s.rows:
-            predicted = f"{row.predicted_s * 1e3:8.1f}ms" if row.predicted_s else f"{'-':>10}"
-            gain = row.speedup(config.reference)
-            speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
-            plan = row.plan
-            shown = (row.report.autotune or {}).get("best_options") or derived_options(plan, row.report.plan_options)
-            if shown and not is_buckets(plan):
-                plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
-                                         for k, v in shown.items()) + ")"
-            lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
-                         f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4} "
-                         f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
+        lines.extend(_rows(config, s))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _rows(config: BenchConfig, s: Setting) -> list[str]:
+    """The table of one setting's runs, and the slow rank each named."""
+    lines = []
+    versus = f"vs {config.reference}"
+    width = max([14] + [len(row.policy) for row in s.rows])
+    lines.append(f"  {'policy':<{width}} {'iter ms':>9} {'x bound':>8} {versus:>7} {'predicted':>10} {'cpu':>4} "
+                 f"{'peak MiB':>8} {'alloc MiB':>9}  plan")
+    for row in s.rows:
+        predicted = f"{row.predicted_s * 1e3:8.1f}ms" if row.predicted_s else f"{'-':>10}"
+        gain = row.speedup(config.reference)
+        speedup = f"{gain:6.3f}x" if gain else f"{'-':>7}"
+        plan = row.plan
+        shown = (row.report.autotune or {}).get("best_options") or derived_options(plan, row.report.plan_options)
+        if shown and not is_buckets(plan):
+            plan += " (" + ", ".join(f"{k}={format_bytes(v) if k.endswith('_bytes') else f'{v:.3g}'}"
+                                     for k, v in shown.items()) + ")"
+        lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
+                     f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4} "
+                     f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
+    named = [f"{row.policy} rank {ranks['slow_rank']} ({ranks['ratio']:.2f}x)" for row in s.rows
+             if (ranks := row.report.ranks) and ranks.get("slow_rank") is not None]
+    if named or config.straggler is not None:
+        lines.append(f"  slow rank named (its backward pass against the median rank's): {'; '.join(named) or 'none'}")
+    return lines
 
 
 def derived_options(policy: str, options: dict | None) -> dict:

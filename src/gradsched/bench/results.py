@@ -11,7 +11,7 @@ from typing import Any
 
 #: the seconds inside the runtime's own reports (RunStats.as_dict) of a run
 _TIMED = {"prediction": ("compute_s", "latency_s", "overhead_s", "comm_s", "policy_s", "fifo_s"),
-          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s")}
+          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s"), "ranks": ("median_s",)}
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class RunReport:
     optimizer_state_bytes: int | None = None
     peak_memory_bytes: int | None = None  # the resident set's high-water mark added by the run (gradsched.bench.memory)
     peak_allocated_bytes: int | None = None  # the most bytes allocated at once above the run's start
+    ranks: dict | None = None  # gradsched: every rank's backward pass compared, and the slow rank it named
 
     def described(self) -> dict[str, Any]:
         """Everything but its times, the fields it has (a row's ``reported``)."""
@@ -40,6 +41,8 @@ class RunReport:
         confirm = (reports.get("autotune") or {}).get("confirm")
         if isinstance(confirm, dict) and confirm.get("iteration_s") is not None:
             reports["autotune"]["confirm"] = dict(confirm, iteration_s=confirm["iteration_s"] / k)
+        if "ranks" in reports:
+            reports["ranks"]["backward_s"] = [None if s is None else s / k for s in reports["ranks"]["backward_s"]]
         return dataclasses.replace(self, times=[t / k for t in self.times], **reports)
 
 

@@ -118,7 +118,8 @@ class _Rank:
         self.servers = config.servers
         self.workers = world - self.servers
         self.group = dist.new_group(list(range(self.workers))) if self.servers else None  # every rank creates it
-        self.work = workload(config.model, config.batch, config.device, config.dilation)
+        slower = config.straggler[1] if config.straggler is not None and config.straggler[0] == self.rank else 1.0
+        self.work = workload(config.model, config.batch, config.device, config.dilation * slower)
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
         self.iters, self.warmup = config.iters, config.warmup
@@ -211,7 +212,8 @@ class _Rank:
         opt.close()
         return {"times": times, "plan": stats["plan_policy"], "plan_options": stats["plan_options"],
                 "prediction": stats["prediction"],
-                "trial": stats["trial"], "autotune": stats["autotune"], "optimizer_state_bytes": state}
+                "trial": stats["trial"], "autotune": stats["autotune"], "optimizer_state_bytes": state,
+                "ranks": stats["ranks"]}
 
     def _buckets(self) -> tuple[list[int], int]:
         """Elements of each 25 MiB bucket, as DDP sends them, and the gradient bytes."""

@@ -51,6 +51,22 @@ def scaled(table: ModelTable, compute_s: float) -> ModelTable:
     return ModelTable(table.name, layers, table.meta)
 
 
+def straggling(table: ModelTable, factor: float) -> ModelTable:
+    """What a cluster whose slowest worker computes ``factor`` times slower than ``table`` runs:
+    its layers' times. A collective completes once its last rank contributes, so every
+    gradient is ready, for the link, when the slow worker has it: the others wait (a steady
+    straggler; plans made on its ready times, as the runtime makes them once it names it).
+
+    >>> from gradsched.models import ParamSpec
+    >>> table = ModelTable("m", (Layer("a", 1.0, 2.0, (ParamSpec("a.weight", 10),)),), {})
+    >>> slow = straggling(table, 1.5)
+    >>> slow.compute_s, slow.name
+    (4.5, 'm (one worker 1.5x slower)')
+    """
+    slow = scaled(table, table.compute_s * factor)
+    return ModelTable(f"{table.name} (one worker {factor:g}x slower)", slow.layers, table.meta)
+
+
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
     policy's own warm-up (Prophet's profiling). The sharded architectures run under the

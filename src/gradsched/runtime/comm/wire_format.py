@@ -1,6 +1,6 @@
 """The wire format of everything ranks send each other besides gradients: plans (to the
-workers and to parameter servers), rank 0's proposals at control points, and each rank's
-wrap-time checks. Nothing received is unpickled: a message is MessagePack (msgspec), decoded
+workers and to parameter servers), rank 0's proposals at control points, each rank's timing
+there, and each rank's wrap-time checks. Nothing received is unpickled: a message is MessagePack (msgspec), decoded
 into the exact types expected, so a received message can build nothing but plain data.
 
 A message is an envelope ``[FORMAT, VERSION, kind, body]``; the body is the MessagePack of
@@ -37,7 +37,7 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.diagnostics.stats import Prediction
 
 FORMAT = "gradsched"
-VERSION = 3  # raise on any change to an envelope or a body type
+VERSION = 4  # raise on any change to an envelope or a body type
 
 
 class WireFormatError(GradschedError):
@@ -87,7 +87,17 @@ class StateKeys:
     keys: list[tuple[int, str]]  # (parameter index, state key) of every shard-sized tensor
 
 
-KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys}
+@dataclass(frozen=True)
+class RankTiming:
+    """What every rank tells the others at a control point of its own compute (see
+    :mod:`gradsched.control.ranks`): medians over its latest measured rounds."""
+
+    backward_s: float | None  # its backward pass, the end of its forward pass to its last gradient (None: none yet)
+    ready: list[float]  # each planned gradient's ready time, from the round's first, in the plans' order (or [])
+
+
+KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys,
+                          "rank_timing": RankTiming}
 _ENCODER = msgspec.msgpack.Encoder()
 
 

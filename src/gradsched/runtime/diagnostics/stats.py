@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradsched.control.arms import TrialReport, TuningReport
+from gradsched.control.ranks import RanksReport
 from gradsched.core.policies import is_buckets
 
 
@@ -55,6 +56,14 @@ class RunStats:
     exposed_share: float | None = None  # exposed_s / iteration_s, per iteration
     plan_options: dict[str, Any] = field(default_factory=dict)  # the options of plan_policy's plan in use,
     #   the sizes it derived from the link included (bytescheduler's slice and window)
+    ranks: RanksReport | None = None  # every rank's backward pass at the latest control point, and the slow
+    #   rank if one is (gradsched.control.ranks); None on one rank, or before the first control point
+
+    @property
+    def slow_rank(self) -> int | None:
+        """The rank every reduction waits for, slower than the median rank by more than 10%
+        (its backward pass); None where none is, or nothing was compared."""
+        return None if self.ranks is None else self.ranks.slow_rank
 
     @property
     def trial_gain(self) -> float | None:

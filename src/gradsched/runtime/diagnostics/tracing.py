@@ -3,7 +3,7 @@
 Tracks: forward per module; backward between consecutive gradients; forward waits for
 updates; optimizer updates; each message's queueing (its last gradient ready -> launch)
 and its all-reduce (launch -> result), the latter on packed tracks so that messages in
-flight together never share one.
+flight together never share one; the ranks compared at control points (which one is slow).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _TRACKS = {
     "wait": (3, "forward waits for updates"),
     "update": (4, "optimizer updates"),
     "queue": (5, "messages queued"),
+    "ranks": (6, "the ranks compared (control points)"),
 }
 
 
@@ -37,10 +38,16 @@ class RunTrace:
         self._messages: list[tuple[int, int, tuple[str, ...], int, float, float]] = []
         self._last_ready = 0.0
         self._forward: tuple[str, float] | None = None  # (module, start) of the forward span still open
+        self._marks: list[tuple[str, str, float, dict]] = []  # (track, name, at, args): instants
 
     def span(self, track: str, name: str, start: float, end: float) -> None:
         with self._lock:
             self._spans.append((track, name, start, end))
+
+    def mark(self, track: str, name: str, args: dict | None = None) -> None:
+        """An instant on ``track``, now (a verdict of a control point's, say)."""
+        with self._lock:
+            self._marks.append((track, name, time.perf_counter(), dict(args or {})))
 
     def module_forward(self, name: str, start: float, previous_ended: float) -> None:
         """Module ``name``'s forward pass starts at ``start``; the previous module's ended at
@@ -80,10 +87,13 @@ class RunTrace:
             trace.name_thread(pid, tid, label)
         with self._lock:
             spans = list(self._spans)
+            marks = list(self._marks)
             messages = sorted(self._messages, key=lambda m: m[4])
             ready = dict(self._ready)
         for track, name, start, end in spans:
             trace.complete(pid, _TRACKS[track][0], name, start - self.origin, end - start, track)
+        for track, name, at, args in marks:
+            trace.instant(pid, _TRACKS[track][0], name, at - self.origin, track, args)
         lanes = pack_lanes((start, end) for *_, start, end in messages)
         for lane in sorted(set(lanes)):
             trace.name_thread(pid, 10 + lane, f"all-reduce in flight {lane}")

@@ -1,6 +1,7 @@
 """What one wrapped run measured and decided, kept as long as the wrap: the plans adopted, the
 link estimate, the simulator's prediction, the measured trial, the online tuner's report, the
-plan switches and the latest rounds' timings (the profile ``export_profile`` writes).
+plan switches, the latest rounds' timings (the profile ``export_profile`` writes) and the
+ranks' compared backward passes.
 
 The run's record holds it (:class:`gradsched.runtime.training.run.Run`); the backend that plans
 writes into it (gradsched's data plane: its exchange fits the estimate, its planner the rest),
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from gradsched.control import TrialReport, TuningReport
+from gradsched.control.ranks import RanksReport
 from gradsched.core.estimator import LinkEstimator
 from gradsched.core.plan import Plan
 from gradsched.files import problem_writing
@@ -38,6 +40,7 @@ class Measurements:
     timings: list[RoundTiming] = field(default_factory=list)  # of the latest closed rounds
     owners: Mapping[str, Sequence[str]] = field(default_factory=dict)  # module -> the parameters it waits for
     sizes: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # parameter -> (elements, bytes each)
+    ranks: RanksReport | None = None  # every rank's backward pass at the latest control point, and the slow one
 
     def adopt(self, plan: Plan, first_round: int) -> None:
         """``plan`` is followed from round ``first_round`` on."""

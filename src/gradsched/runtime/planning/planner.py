@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage
 from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
+from gradsched.control.ranks import RanksReport, compare_ranks
 from gradsched.core.base import PolicyConfig
 from gradsched.core.engine import message_hold
 from gradsched.core.estimator import MeasuredLink
@@ -48,7 +49,8 @@ from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.planning.prediction import TrialPredictor
 from gradsched.runtime.planning.profiling import RoundTiming
 from gradsched.runtime.comm import wire_format
-from gradsched.runtime.comm.wire_format import Proposal
+from gradsched.runtime.comm.wire_format import Proposal, RankTiming
+from gradsched.runtime.diagnostics.tracing import RunTrace
 
 logger = logging.getLogger("gradsched")
 
@@ -67,7 +69,7 @@ class Planner:
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
                  settle: Callable[[], None] | None = None, measured: Measurements | None = None,
-                 gathers: Callable[[], GatherModel | None] | None = None) -> None:
+                 gathers: Callable[[], GatherModel | None] | None = None, trace: RunTrace | None = None) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -104,6 +106,8 @@ class Planner:
         self._running: tuple[Arm, Plan] | None = None  # rank 0: the arm being measured, and its plan
         self._starts: dict[int, RoundTiming] = {}  # round -> its timing (the forward start before its backward)
         self._done: set[int] = set()
+        self.trace = trace
+        self._slow_ready: list[float] | None = None  # the slow rank's ready times, which rank 0 plans on
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -178,6 +182,8 @@ class Planner:
                 probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
                 self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
                     partial(self.exchange.device.run, self.probe_group, probe))
+        if self.world_size > 1:
+            self._compare_ranks()
         proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
         if self.world_size > 1:
             with failing_rank("agreeing on a new plan", self.exchange.explain):
@@ -185,6 +191,28 @@ class Planner:
         if proposal.plan is not None:
             wire_format.check_plan(proposal.plan, self.tensors, "rank 0")
         self._adopt(proposal, round_index + 1)
+
+    def _compare_ranks(self) -> None:
+        """Every rank's backward pass and ready times, exchanged (every rank, at every control
+        point): which rank is slow (gradsched.control.ranks), said when that changes; rank 0
+        plans on the slow rank's ready times while there is one."""
+        timings = self._complete_timings()
+        mine = RankTiming(_median_backward(timings), list(_median_ready(timings, self.names).values()) if timings else [])
+        with failing_rank("comparing the ranks' timings", self.exchange.explain):
+            ranks = wire_format.all_gather("rank_timing", mine, self.group)
+        report = compare_ranks([r.backward_s for r in ranks])
+        if report is None:
+            return
+        before, self.measured.ranks = self.measured.ranks, report
+        slow = report.slow_rank
+        self._slow_ready = ranks[slow].ready if slow is not None and len(ranks[slow].ready) == len(self.names) else None
+        if (before.slow_rank if before is not None else None) != slow:
+            if self.rank == 0:
+                logger.log(logging.WARNING if slow is not None else logging.INFO, "gradsched: %s", report.describe())
+            if self.trace is not None:
+                self.trace.mark("ranks", f"slow rank {slow} ({report.ratio:.2f}x)" if slow is not None
+                                else "no slow rank", {"backward_ms": [None if s is None else s * 1e3
+                                                                      for s in report.backward_s]})
 
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
         measured = self.measured
@@ -245,6 +273,8 @@ class Planner:
         if not timings and point.stage == Stage.REPLAN:  # the first round warms up; rounds with unused
             return None  # parameters are skipped
         ready = _median_ready(timings, self.names) if timings else default_ready_times(self.tensors)
+        if self._slow_ready is not None:  # every collective waits for the slow rank: its gaps are the ones to fill
+            ready = dict(zip(self.names, self._slow_ready))
         link = self.predictor.estimated_link()
         prediction = self.predictor.prediction(timings, link, self.link) if point == ControlPoint(Stage.ARM, 0) else None
         arm = decision = None
@@ -297,6 +327,13 @@ def _users_random_state_kept(device: torch.device):
     """Whatever runs inside (Optuna's samplers fit with torch) leaves the user's generators
     (the CPU one, and the parameters' CUDA device's) as they were."""
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
+
+
+def _median_backward(timings: Sequence[RoundTiming]) -> float | None:
+    """The backward pass (the end of the forward pass to the last gradient: nothing of another
+    rank's delays it), the median over ``timings`` (the upper one of an even count); None without."""
+    spans = sorted(max(t.ready.values()) - t.forward_end for t in timings if t.ready and t.forward_end)
+    return spans[len(spans) // 2] if spans else None
 
 
 def _median_ready(timings: Sequence[RoundTiming], names: Sequence[str]) -> dict[str, float]:

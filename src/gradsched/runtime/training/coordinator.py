@@ -213,7 +213,7 @@ class Coordinator:
         return RunStats(run.policy.name, self.round, len(plan.messages), measured.plans_adopted,
                         est.latency, est.bytes_per_second, plan.policy, measured.settled_round, measured.prediction,
                         measured.trial, measured.tuning, list(measured.switches), run.handed_off_round, *exposure,
-                        plan_options=dict(plan.options))
+                        plan_options=dict(plan.options), ranks=measured.ranks)
 
     def broadcast_buffers(self, source: int = 0) -> None:
         """Copy rank ``source``'s buffers (BatchNorm statistics) to every worker: under way on

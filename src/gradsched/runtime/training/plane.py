@@ -93,7 +93,7 @@ class Plane:
                                self.waits.owners(run.names), self.exchange, topology.control, self.run.rank,
                                self.run.world_size, topology.data, run.clock,
                                settle=partial(self.handover.wait, range(len(run.params)), "all parameters"),
-                               measured=run.measured, gathers=self.stepping.gather_model)
+                               measured=run.measured, gathers=self.stepping.gather_model, trace=run.trace)
         self._handles: list[Any] = []
 
     # -- what join asks (gradsched.runtime.training.join.Joining) -------------------------------
