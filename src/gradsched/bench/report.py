@@ -131,7 +131,8 @@ def _rows(config: BenchConfig, s: Setting) -> list[str]:
     named = [f"{row.policy} rank {ranks['slow_rank']} ({ranks['ratio']:.2f}x)" for row in s.rows
              if (ranks := row.report.ranks) and ranks.get("slow_rank") is not None]
     if named or config.straggler is not None:
-        lines.append(f"  slow rank named (its backward pass against the median rank's): {'; '.join(named) or 'none'}")
+        lines.append("  slow rank named (its backward pass against the other ranks' median): "
+                     + ("; ".join(named) or "none"))
     return lines
 
 

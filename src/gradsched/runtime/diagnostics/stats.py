@@ -61,7 +61,7 @@ class RunStats:
 
     @property
     def slow_rank(self) -> int | None:
-        """The rank every reduction waits for, slower than the median rank by more than 10%
+        """The rank every reduction waits for, slower than the other ranks' median by more than 10%
         (its backward pass); None where none is, or nothing was compared."""
         return None if self.ranks is None else self.ranks.slow_rank
 

@@ -197,7 +197,8 @@ class Planner:
         point): which rank is slow (gradsched.control.ranks), said when that changes; rank 0
         plans on the slow rank's ready times while there is one."""
         timings = self._complete_timings()
-        mine = RankTiming(_median_backward(timings), list(_median_ready(timings, self.names).values()) if timings else [])
+        ready = list(_median_ready(timings, self.names).values()) if timings else []
+        mine = RankTiming(_median_backward(timings), ready)
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
         report = compare_ranks([r.backward_s for r in ranks])
