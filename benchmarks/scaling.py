@@ -42,6 +42,7 @@ class Point:
     simulated_s: dict[str, float] = field(default_factory=dict)  # policy -> the simulator's iteration
     dilation: float | None = None
     host_busy: float | None = None  # the busiest run's share of the host's CPUs
+    fell_back: set[str] = field(default_factory=set)  # policies whose measured trial chose the buckets
 
 
 def ring_share(workers: int) -> float:
@@ -49,9 +50,14 @@ def ring_share(workers: int) -> float:
     return 2 * (workers - 1) / workers
 
 
+def _fell_back(policy: str, row: dict | None) -> bool:
+    ran = (row or {}).get("plan") or policy
+    return is_buckets(ran) and not is_buckets(policy)
+
+
 def _config(policy: str, row: dict | None):
     ran = (row or {}).get("plan") or policy
-    if policy == BASELINE or (is_buckets(ran) and not is_buckets(policy)):
+    if policy == BASELINE or _fell_back(policy, row):
         return FifoConfig.ddp_buckets()
     return policy_config(ran)
 
@@ -74,6 +80,7 @@ def points(paths: list[str], batch: int, extra: list[int]) -> list[Point]:
                       {p: r["iteration_s"] for p, r in rows.items()}, dilation=run.get("dilation"),
                       host_busy=max((r["host_cpu_busy"] for r in rows.values() if r.get("host_cpu_busy") is not None),
                                     default=None))
+        point.fell_back = {p for p, r in rows.items() if p != BASELINE and _fell_back(p, r)}
         cluster = link_cluster(link, run["workers"])
         point.simulated_s = {p: predict(model, cluster, _config(p, r)) for p, r in rows.items()}
         out.append(point)
@@ -105,11 +112,14 @@ def table(pts: list[Point]) -> str:
                 continue
             base = point.measured_s.get(BASELINE)
             gain = f" / {base / measured:.2f}x" if base and p != BASELINE else ""
-            cells.append(f"{measured * 1e3:.0f} ({sim * 1e3:.0f}) / {measured / point.bound_s:.2f}{gain}")
+            mark = "*" if p in point.fell_back else ""
+            cells.append(f"{measured * 1e3:.0f} ({sim * 1e3:.0f}) / {measured / point.bound_s:.2f}{gain}{mark}")
         k = "-" if point.dilation is None and not point.measured_s else f"{point.dilation or 1:g}"
         busy = "-" if point.host_busy is None else f"{point.host_busy:.0%}"
         lines.append(f"| {point.workers} | {point.bandwidth_gbps:.3g} | {k} | {busy} | {point.bound_s * 1e3:.0f} | "
                      + " | ".join(cells) + " |")
+    if any(point.fell_back for point in pts):
+        lines.append("\n\\* the measured trial chose DDP-style buckets over the policy's own plans (simulated as them)")
     return "\n".join(lines) + "\n"
 
 
@@ -128,13 +138,18 @@ def plot(pts: list[Point], path: str, title: str) -> None:
                 label=f"{policy} measured")
         ax.plot([p.workers for p in pts], [p.simulated_s[policy] * 1e3 for p in pts], "x--", color=color, alpha=0.7,
                 label=f"{policy} simulated")
+        for p in pts:
+            if policy in p.fell_back:  # measured and simulated as the buckets its trial chose
+                ax.annotate("buckets*", (p.workers, p.measured_s[policy] * 1e3), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color=color)
     ax.plot([p.workers for p in pts], [p.bound_s * 1e3 for p in pts], ":", color="gray", label="bound")
     ax.set_xscale("log", base=2)
     ax.set_xticks([p.workers for p in pts], [str(p.workers) for p in pts])
     ax.set_xlabel("workers (each count at its balance point)")
     ax.set_ylabel("iteration ms")
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
+    ax.set_title(title + ("  (* lost its measured trial: ran DDP-style buckets)"
+                          if any(p.fell_back for p in pts) else ""), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -13,6 +13,7 @@ import io
 import json
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -29,6 +30,8 @@ PROSE_ONLY = {"bench-mtu1500-resnet50", "bench-mtu65000-resnet50", "bench-sharde
               # shown otherwise: the README's demo sentence, the online tuning summary (each checked below)
               "demo-resnet50-k3", "tune-online-resnet50", "tune-online-resnet50-poor-start", "tune-online-transformer"}
 # runs that led to bytescheduler's derived sizes, each named in docs/bench.md's prose by its figure
+# the runs of ResNet-50's scaling figure, 2, 4 and 8 workers, each at its balance point (benchmarks/scaling.py)
+SCALING_RUNS = ("bench-straggler-none-resnet50-k3", "bench-scaling-resnet50-4w-k7", "bench-scaling-resnet50-8w-k20")
 PROSE_ONLY_RUNS = ("bench-bs-window15-*", "bench-bs-k1-*", "bench-bs-fixed-*", "bench-bs-estimate-*", "bench-bs-noisy-*")
 
 
@@ -40,6 +43,7 @@ BENCH_TITLE = re.compile(r"^\*\*[\w-]+\*\*, \d+ workers", re.M)
 def script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # (a script's dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 
@@ -331,6 +335,12 @@ def test_the_user_guide_and_the_internals_stay_short_and_the_index_names_every_p
     index = PAGES["docs/index.md"]
     unlisted = [p for p in PAGES if p.startswith("docs/") and p != "docs/index.md" and f"]({p[5:]})" not in index]
     assert unlisted == [], f"docs/index.md does not list {unlisted}"
+
+
+def test_the_scaling_table_is_what_its_json_prints():
+    scaling = script("scaling")
+    runs = [str(DOCS / "figures" / f"{name}.json") for name in SCALING_RUNS]
+    assert scaling.table(scaling.points(runs, batch=96, extra=[16])) in PAGES["docs/bench.md"]
 
 
 def test_the_cpu_trial_table_is_what_its_json_prints():

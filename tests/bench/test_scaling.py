@@ -37,3 +37,12 @@ def test_bad_counts_are_refused(capsys):
     with pytest.raises(SystemExit):
         scaling.main([RUN, "--predict", "sixteen"])
     assert "--predict must be worker counts" in capsys.readouterr().err
+
+
+def test_a_policy_that_fell_back_is_marked_and_simulated_as_the_buckets():
+    run = str(ROOT / "docs" / "figures" / "bench-scaling-resnet50-8w-k13.json")  # prophet lost its trial there
+    (eight,) = scaling.points([run], batch=96, extra=[])
+    assert eight.fell_back == {"prophet"}
+    assert eight.simulated_s["prophet"] == pytest.approx(eight.simulated_s["ddp"])  # both the 25 MiB buckets
+    row = scaling.table([eight]).splitlines()[2]
+    assert row.endswith("0.85x* |") and "the measured trial chose DDP-style buckets" in scaling.table([eight])
