@@ -56,10 +56,9 @@ def _fell_back(policy: str, row: dict | None) -> bool:
 
 
 def _config(policy: str, row: dict | None):
-    ran = (row or {}).get("plan") or policy
     if policy == BASELINE or _fell_back(policy, row):
         return FifoConfig.ddp_buckets()
-    return policy_config(ran)
+    return policy_config((row or {}).get("plan") or policy)
 
 
 def points(paths: list[str], batch: int, extra: list[int]) -> list[Point]:
@@ -80,7 +79,7 @@ def points(paths: list[str], batch: int, extra: list[int]) -> list[Point]:
                       {p: r["iteration_s"] for p, r in rows.items()}, dilation=run.get("dilation"),
                       host_busy=max((r["host_cpu_busy"] for r in rows.values() if r.get("host_cpu_busy") is not None),
                                     default=None))
-        point.fell_back = {p for p, r in rows.items() if p != BASELINE and _fell_back(p, r)}
+        point.fell_back = {p for p, r in rows.items() if _fell_back(p, r)}
         cluster = link_cluster(link, run["workers"])
         point.simulated_s = {p: predict(model, cluster, _config(p, r)) for p, r in rows.items()}
         out.append(point)

@@ -30,13 +30,15 @@ PROSE_ONLY = {"bench-mtu1500-resnet50", "bench-mtu65000-resnet50", "bench-sharde
               # shown otherwise: the README's demo sentence, the online tuning summary (each checked below)
               "demo-resnet50-k3", "tune-online-resnet50", "tune-online-resnet50-poor-start", "tune-online-transformer"}
 # runs that led to bytescheduler's derived sizes, each named in docs/bench.md's prose by its figure
-# the runs of ResNet-50's scaling figure, 2, 4 and 8 workers, each at its balance point (benchmarks/scaling.py)
-SCALING_RUNS = ("bench-straggler-none-resnet50-k3", "bench-scaling-resnet50-4w-k7", "bench-scaling-resnet50-8w-k20")
 PROSE_ONLY_RUNS = ("bench-bs-window15-*", "bench-bs-k1-*", "bench-bs-fixed-*", "bench-bs-estimate-*", "bench-bs-noisy-*")
 
 
 def prose_only(name: str) -> bool:
     return name in PROSE_ONLY or any(fnmatch.fnmatch(name, pattern) for pattern in PROSE_ONLY_RUNS)
+# the scaling tables of docs/bench.md (benchmarks/scaling.py): each model's runs, one per worker count at its
+# balance point, and the counts predicted only
+SCALING = {("bench-straggler-none-resnet50-k3", "bench-scaling-resnet50-4w-k7", "bench-scaling-resnet50-8w-k20"): [16],
+           ("bench-bs-derived-vgg16-b96-k3", "bench-scaling-vgg16-4w-k7"): [8, 16]}
 BENCH_TITLE = re.compile(r"^\*\*[\w-]+\*\*, \d+ workers", re.M)
 
 
@@ -339,7 +341,7 @@ def test_the_user_guide_and_the_internals_stay_short_and_the_index_names_every_p
 
 def test_the_scaling_table_is_what_its_json_prints():
     scaling = script("scaling")
-    for names, extra in ((SCALING_RUNS, [16]), (("bench-bs-derived-vgg16-b96-k3", "bench-scaling-vgg16-4w-k7"), [8, 16])):
+    for names, extra in SCALING.items():
         runs = [str(DOCS / "figures" / f"{name}.json") for name in names]
         assert scaling.table(scaling.points(runs, batch=96, extra=extra)) in PAGES["docs/bench.md"], names
 
