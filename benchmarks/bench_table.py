@@ -13,7 +13,8 @@ column gives the communication alone through the servers (docs/bench.md); with `
 a column gives the communication alone in the wire dtype (what the compressed runs' predictions use); where runs
 hold different optimizer state per rank (``--sharded``, ``ddp-zero``, ``fsdp2``), a line after the table gives each
 run's, measured, and one its peak memory per rank (gradsched.bench.memory). A run with ``--straggler``
-says so in its title, with the rank gradsched named slow (compute and the bound are then the slow rank's). Runs with ``--autotune``
+says so in its title, with the rank gradsched named slow (compute and the bound are then the slow rank's;
+in bursts, their means, and each cell the mean iteration). Runs with ``--autotune``
 get a second table: per tuned policy, the starting options and what the online tuner
 kept, each with its measured arm time, and the final iteration times untuned and tuned.
 
@@ -35,6 +36,7 @@ import math
 import pathlib
 import sys
 
+from gradsched.bench.straggler import Straggler
 from gradsched.sim.bounds import raises_bound
 
 
@@ -69,12 +71,14 @@ def table(data: dict) -> str:
     extra = ([f"{data['compression']} comm ms"] if wire else []) + (["through servers ms"] if through else []) \
         + (["CPU busy %"] if host else [])
     dilated = f", time dilation K={data['dilation']:g} (times / K)" if data.get("dilation", 1) != 1 else ""
-    if data.get("straggler"):  # the compute column and the bound are then the slow rank's
-        rank, factor = data["straggler"]
+    straggler = Straggler.from_json(data.get("straggler"))
+    if straggler is not None:  # the compute column and the bound are then the slow rank's (or through its link)
         named = sorted({f"rank {r['ranks']['slow_rank']} ({r['ranks']['ratio']:.2f}x)" for r in results
                         if (r.get("ranks") or {}).get("slow_rank") is not None})
-        dilated += (f", straggler: rank {rank} computes {factor:g}x slower (compute and the bound are its; "
-                    f"gradsched named {', '.join(named) or 'none'})")
+        whose = ("communication is through its link" if straggler.link else "compute and the bound are its"
+                 if straggler.steady else "compute is the mean over its bursts, each cell the mean iteration")
+        dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'})"
+
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')}){dilated}", "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "
              + " | ".join(policies) + " |",

@@ -27,7 +27,7 @@ from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
-from .sim.predict import straggling
+from .sim.predict import slow_link, straggling
 from .units import parse_bytes, parse_duration
 
 
@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gather-budget", metavar="SIZE",
                      help="--arch fully_sharded: whole parameters prefetching may hold (gather_budget_mb), e.g. "
                           "256MiB (default: the runtime's, the largest layer's)")
-    sim.add_argument("--straggler", type=float, metavar="FACTOR",
+    sim.add_argument("--straggler", metavar="FACTOR[:link]",
                      help="one worker computes FACTOR times slower throughout (> 1): every collective waits for "
-                          "its gradients, so the iteration runs on its compute, the plans made on its ready times")
+                          "its gradients, so the iteration runs on its compute, the plans made on its ready times; "
+                          "FACTOR:link: its link is that much slower instead, which sets a ring's pace")
     sim.add_argument("--iterations", type=int, default=30, help="simulated iterations (default 30)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     sim.add_argument("--trace", help="write a Chrome trace (Perfetto, chrome://tracing) of every policy")
@@ -133,6 +134,20 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     return [Cluster(args.workers, b, latency, args.arch, args.servers, cast_s_per_byte=cast) for b in rates]
 
 
+def _sim_straggler(text: str) -> tuple[float, bool]:
+    """``simulate --straggler``: (factor, whether its link rather than its compute)."""
+    factor, _, what = text.partition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = None
+    if value is None or what not in ("", "link"):
+        raise UsageError(f"--straggler must be FACTOR or FACTOR:link, such as 1.5 or 1.5:link, got {text!r}")
+    if not value > 1:
+        raise UsageError(f"--straggler must be a factor > 1 (one worker that many times slower), got {value:g}")
+    return value, bool(what)
+
+
 def _budgets(args: argparse.Namespace, cluster: Cluster) -> dict:
     """The sharded architectures' budgets given (``simulate``'s keywords)."""
     budgets: dict = {}
@@ -185,9 +200,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _writable(args.plot, "--plot")
     table = _table(args)
     if args.straggler is not None:
-        if not args.straggler > 1:
-            raise UsageError(f"--straggler must be a factor > 1 (one worker that many times slower), got {args.straggler}")
-        table = straggling(table, args.straggler)
+        factor, link = _sim_straggler(args.straggler)
+        if link:
+            if kind(args.arch).servers:
+                raise UsageError("--straggler FACTOR:link is modelled for rings (all-reduce, sharded), not --arch ps")
+            pairs = [slow_link(table, cluster, factor) for cluster in clusters]
+            table, clusters = pairs[0][0], [cluster for _, cluster in pairs]
+        else:
+            table = straggling(table, factor)
     timelines = bool(args.trace or (args.plot and len(clusters) == 1))
     if args.plot:
         require("matplotlib", "plot")  # now, not after the simulations

@@ -41,6 +41,22 @@ def test_cluster_is_built_limited_and_removed():
 
 
 @needs_netns
+def test_a_stragglers_link_is_shaped_slower_both_ways():
+    """--straggler RANK:FACTOR:link: that rank's link at 1/FACTOR of the rate, what it sends
+    (inside its namespace) and what it receives (the host end of its pair); the others' as asked."""
+    with EmulatedCluster(2, 1e9, run_id="t6", slower={1: 4.0}) as cluster:
+        for rank, rate in ((0, "1Gbit"), (1, "250Mbit")):
+            sends = subprocess.run(cluster.command(rank, ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
+                                   text=True).stdout
+            receives = subprocess.run(["tc", "qdisc", "show", "dev", f"{cluster.namespaces[rank]}h"],
+                                      capture_output=True, text=True).stdout
+            assert f"rate {rate}" in sends and f"rate {rate}" in receives, (rank, sends, receives)
+    assert leftovers() == []
+    with pytest.raises(ValueError, match="slower"):
+        EmulatedCluster(2, 1e9, slower={2: 2.0})
+
+
+@needs_netns
 @pytest.mark.parametrize("mtu", [JUMBO_MTU, 1500])
 def test_links_carry_the_frames_asked_for(mtu):
     with EmulatedCluster(2, 1e9, run_id="t5", mtu=mtu) as cluster:

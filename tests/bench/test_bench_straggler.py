@@ -11,6 +11,9 @@ from gradsched.bench.config import BenchConfig
 from gradsched.bench.figures import figures
 from gradsched.bench.protocol import WorkerConfig
 from gradsched.bench.results import RankReport, RunReport
+from gradsched.bench.straggler import Straggler
+from gradsched.bench.worker import bursting
+from gradsched.bench.workloads import Pacer
 from gradsched.cli import build_parser, main
 from gradsched.cli_args import UsageError
 
@@ -22,32 +25,111 @@ def _config(*argv: str) -> BenchConfig:
 
 
 def test_the_straggler_is_a_rank_and_a_factor_of_a_replayed_worker():
-    assert _config("--model", "replay-mini", "--straggler", "1:1.5").straggler == (1, 1.5)
+    assert _config("--model", "replay-mini", "--straggler", "1:1.5").straggler == Straggler(1, 1.5)
     assert _config("--model", "replay-mini").straggler is None
     with pytest.raises(UsageError, match="RANK:FACTOR"):
         _config("--model", "replay-mini", "--straggler", "slow")
-    for straggler, message in [((1, 1.5), "choose a replay model"), ((2, 1.5), r"a rank in 0\.\.1"),
-                               ((1, 1.0), "must be > 1")]:
+    for straggler, message in [(Straggler(1, 1.5), "choose a replay model"), (Straggler(2, 1.5), r"a rank in 0\.\.1")]:
         with pytest.raises(ValueError, match=message):
             BenchConfig(model="mlp" if message.startswith("choose") else "replay-mini", straggler=straggler)
+    with pytest.raises(ValueError, match="must be > 1"):
+        Straggler(1, 1.0)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1:1.5:link", Straggler(1, 1.5, link=True)),
+    ("0:2:burst=1/4", Straggler(0, 2.0, slow=1, period=4)),
+    ("1:3:burst=3/8", Straggler(1, 3.0, slow=3, period=8)),
+])
+def test_a_straggler_slows_its_link_or_computes_slower_in_bursts(text, expected):
+    parsed = _config("--model", "replay-mini", "--iters", "8", "--straggler", text).straggler
+    assert parsed == expected
+    assert Straggler.from_json(json.loads(json.dumps(parsed.as_json()))) == parsed
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1:1.5:fast", "neither 'link' nor"), ("1:1.5:link:link", "repeats"), ("1:2:burst=4/4", "0 < SLOW < PERIOD"),
+    ("1:2:burst=0/4", "0 < SLOW < PERIOD"), ("1:2:link:burst=1/4", "a slower link is steady"),
+    ("1:0.5:link", "must be > 1"), ("1:2:burst=1/3", "whole number of periods"),
+])
+def test_bad_stragglers_are_refused_with_the_reason(text, message):
+    with pytest.raises(UsageError if "whole number" not in message else ValueError, match=message):
+        _config("--model", "replay-mini", "--iters", "8", "--straggler", text)
+
+
+def test_a_slower_link_needs_no_replay_but_one_rank_per_host():
+    assert BenchConfig(model="mlp", straggler=Straggler(1, 2.0, link=True)).straggling == 1.0  # computes as the others
+    with pytest.raises(ValueError, match="one rank per host"):
+        BenchConfig(model="replay-mini", workers=4, procs_per_node=2, straggler=Straggler(1, 2.0, link=True))
+
+
+def test_each_rank_builds_its_replay_with_its_own_steady_factor():
+    steady, link, bursts = Straggler(1, 1.5), Straggler(1, 1.5, link=True), Straggler(1, 2.0, slow=1, period=4)
+    assert [steady.compute_factor(r) for r in (0, 1)] == [1.0, 1.5]
+    assert [link.compute_factor(r) for r in (0, 1)] == [1.0, 1.0]
+    assert [bursts.compute_factor(r) for r in (0, 1)] == [1.0, 1.0]  # paced step by step instead
+    assert bursts.mean_factor == pytest.approx(1.25)
 
 
 def test_every_rank_is_told_the_straggler():
-    config = WorkerConfig("replay-mini", 32, "v100", 3, 1, (), 3, True, straggler=(1, 2.0))
-    assert WorkerConfig.from_json(config.to_json()) == config
+    for straggler in (Straggler(1, 2.0), Straggler(1, 2.0, link=True), Straggler(0, 3.0, slow=2, period=5)):
+        config = WorkerConfig("replay-mini", 32, "v100", 3, 1, (), 3, True, straggler=straggler)
+        assert WorkerConfig.from_json(config.to_json()) == config
+
+
+def test_runs_kept_before_bursts_and_links_read_as_steady_compute_stragglers():
+    assert Straggler.from_json([1, 1.5]) == Straggler(1, 1.5) and Straggler.from_json(None) is None
+
+
+def test_a_burst_straggler_paces_the_steps_its_bursts_name():
+    """The worker's step wrapper (gradsched.bench.worker.bursting) on a real pacer: ops in the
+    slow steps take the factor times their time."""
+    pacer = Pacer(quantum=1.0, sleep=lambda s: None)  # nothing slept: the paced time is what is counted
+    op_s = 1e-3
+    step = bursting(lambda: pacer.wait(op_s), pacer, Straggler(1, 3.0, slow=2, period=5))
+    paced = []
+    for _ in range(10):
+        before = pacer.busy_s
+        step()
+        paced.append(pacer.busy_s - before)
+    assert paced == pytest.approx([3 * op_s] * 2 + [op_s] * 3 + [3 * op_s] * 2 + [op_s] * 3)
+
+
+def _raw(compute: list[float], times: list[float]) -> RankReport:
+    return RankReport(compute=compute, comm=[0.050] * 3, latency=1e-4, overhead=5e-5, gradient_bytes=1 << 20,
+                      world_size=2, policies={"fifo": RunReport(times, plan="fifo")})
 
 
 def test_the_bound_and_predictions_take_the_slow_ranks_compute():
     """Rank 0 reports its own compute-only time: a fast rank's, unless it is the straggler."""
-    raw = RankReport(compute=[0.100] * 3, comm=[0.050] * 3, latency=1e-4, overhead=5e-5, gradient_bytes=1 << 20,
-                     world_size=2, policies={"fifo": RunReport([0.2] * 3, plan="fifo")})
+    raw = _raw([0.100] * 3, [0.2] * 3)
     computes = {}
-    for straggler in (None, (1, 1.5), (0, 1.5)):
+    for straggler in (None, Straggler(1, 1.5), Straggler(0, 1.5), Straggler(1, 1.5, link=True)):
         config = BenchConfig(model="replay-mini", policies=("fifo",), straggler=straggler)
         setting = figures(config, 1e9, True, raw)
         computes[straggler] = setting.compute_s
         assert setting.rows[0].predicted_s > 0
-    assert computes == {None: pytest.approx(0.100), (1, 1.5): pytest.approx(0.150), (0, 1.5): pytest.approx(0.100)}
+    assert computes == {None: pytest.approx(0.100), Straggler(1, 1.5): pytest.approx(0.150),
+                        Straggler(0, 1.5): pytest.approx(0.100), Straggler(1, 1.5, link=True): pytest.approx(0.100)}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_bursts_are_counted_as_they_come_mean_compute_mean_bound_mean_iteration(rank):
+    """1 slow iteration (2x) in every 4: compute, bound, row and prediction are the means over
+    the iterations; rank 0's compute times are the slow rank's own where it is the straggler."""
+    bursts = Straggler(rank, 2.0, slow=1, period=4)
+    config = BenchConfig(model="replay-mini", policies=("fifo",), iters=4, straggler=bursts)
+    compute = [0.08, 0.04, 0.04, 0.04] if rank == 0 else [0.04] * 4  # rank 0 the straggler: its own bursts
+    setting = figures(config, 1e9, True, _raw(compute, [0.3, 0.1, 0.1, 0.1]))
+    assert setting.modes == [(0.75, pytest.approx(0.04)), (0.25, pytest.approx(0.08))]
+    assert setting.compute_s == pytest.approx(0.75 * 0.04 + 0.25 * 0.08)
+    assert setting.bound_s == pytest.approx(0.75 * 0.05 + 0.25 * 0.08)  # each iteration's max(compute, 50 ms comm)
+    row = setting.rows[0]
+    assert row.iteration_s == pytest.approx(0.15)  # the mean, not the median (0.1)
+    steady = {c: figures(BenchConfig(model="replay-mini", policies=("fifo",), iters=4), 1e9, True,
+                         _raw([c] * 4, [0.1] * 4)).rows[0].predicted_s for c in (0.04, 0.08)}
+    assert row.predicted_s == pytest.approx(0.75 * steady[0.04] + 0.25 * steady[0.08])
+    assert setting.dependency_bound_s is not None
 
 
 def test_a_dilated_runs_ranks_report_is_undilated_with_its_times():
@@ -68,3 +150,48 @@ def test_simulate_runs_the_cluster_on_the_slow_workers_compute(capsys):
     assert results[True]["iteration_s"] > results[False]["iteration_s"]
     assert main(setting + ["--straggler", "0.5"]) == 2
     assert "--straggler must be a factor > 1" in capsys.readouterr().err
+
+
+def test_simulate_runs_a_ring_at_the_slow_links_pace(capsys):
+    setting = ["simulate", "--model", "resnet50", "--workers", "8", "--policy", "fifo,prophet", "--iterations", "8",
+               "--json"]
+    assert main(setting + ["--bandwidth", "10Gbit", "--straggler", "2:link"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert main(setting + ["--bandwidth", "5Gbit"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert [r["iteration_s"] for r in slow["results"]] == pytest.approx([r["iteration_s"] for r in plain["results"]])
+    assert slow["model"] == "resnet50 (one worker's link 2x slower)" and plain["model"] == "resnet50"
+    for extra, message in ((["--straggler", "2:disk"], "FACTOR or FACTOR:link"),
+                           (["--straggler", "2:link", "--arch", "ps"], "not --arch ps")):
+        assert main(setting + ["--bandwidth", "10Gbit", *extra]) == 2
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # CI: the smoke run keeps the bench working; the straggler's parts are tested above, one by one
+@pytest.mark.parametrize("straggler", ["1:3:link", "1:3:burst=1/2"])
+def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler):
+    """Real ranks on the emulated cluster: a link 3x slower makes communication alone about
+    3x as long as the link's share of the same run without it; bursts (every other iteration
+    3x slower, so the mean compute 2x) raise compute alone to about twice rank 0's own."""
+    import subprocess
+    import sys
+
+    from netns_helpers import HAVE_NETNS
+
+    if not HAVE_NETNS:
+        pytest.skip("no network namespaces here")
+    runs = {}
+    for extra in ([], ["--straggler", straggler]):
+        out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--bandwidth",
+                              "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "ddp,prophet", "--json", *extra],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[bool(extra)] = json.loads(out.stdout)
+    plain, slow = runs[False]["settings"][0], runs[True]["settings"][0]
+    assert Straggler.from_json(runs[True]["straggler"]) == Straggler.parse(straggler)
+    if straggler.endswith("link"):
+        assert 2.5 < slow["comm_s"] / plain["comm_s"] < 3.5
+        assert slow["compute_s"] == pytest.approx(plain["compute_s"], rel=0.2)
+    else:
+        assert slow["compute_modes"] is not None and 1.7 < slow["compute_s"] / plain["compute_s"] < 2.3
+    assert all(r["predicted_s"] for r in runs[True]["results"] if r["policy"] == "prophet")

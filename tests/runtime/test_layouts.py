@@ -38,9 +38,14 @@ def test_every_plan_lays_its_messages_over_the_same_homes_one_buffer_for_the_run
     second = layouts.of(versions.for_round(2))
     assert all(first.homes[i] is second.homes[i] for i in range(3))  # the same memory under both plans
     assert sorted(first.fused) == [0, 1]
-    # b then c is not their order in the homes (c, b, a: the first plan's): copied; a slice of c is a view
-    assert sorted(second.fused) == [0, 2]
+    # b then c is not their order in the homes (c, b, a: the first plan's), but together they are one
+    # range of it, reduced in place as it is; a slice of c is a view
+    assert sorted(second.fused) == [0, 1, 2]
+    assert second.fused[1].data_ptr() == first.homes[2].data_ptr() and second.fused[1].numel() == 5
     assert second.fused[2].data_ptr() == first.homes[2].data_ptr()
+    # a message whose gradients leave a gap in the homes (a with c, b between them) is copied
+    versions.adopt(plan((("a", 0, 4), ("c", 0, 3)), (("b", 0, 2),)), first_round=3)
+    assert sorted(layouts.of(versions.for_round(3)).fused) == [1]
     layouts.clear()
     assert layouts._homes is None
 

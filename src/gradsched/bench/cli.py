@@ -19,6 +19,7 @@ from .netns import JUMBO_MTU, available
 from .config import BASELINES, BENCH_ARCHITECTURES, BenchConfig
 from .report import settings_json, settings_text
 from .runner import run_bench
+from .straggler import Straggler
 from .workloads import REAL, REPLAY
 
 DEFAULT_POLICIES = "ddp,fifo,priority,bytescheduler,prophet"
@@ -57,10 +58,12 @@ def add_parser(sub) -> None:
                        help=f"frame size of the emulated links in bytes (default {JUMBO_MTU}: jumbo frames, "
                             "docs/bench.md)")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
-    bench.add_argument("--straggler", metavar="RANK:FACTOR",
+    bench.add_argument("--straggler", metavar="RANK:FACTOR[:link][:burst=S/P]",
                        help="one slow worker: RANK's replayed compute FACTOR times slower throughout, e.g. 1:1.5 "
-                            "(replay models; the bound and the predictions take the slow rank's compute, which "
-                            "every collective waits for)")
+                            "(the bound and the predictions take the slow rank's compute, which every collective "
+                            "waits for); :link slows its link instead (both directions); :burst=S/P slows its "
+                            "compute in S of every P iterations, and the rows are then means over the timed "
+                            "iterations (--iters a multiple of P)")
     bench.add_argument("--policy", default=DEFAULT_POLICIES,
                        help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
     bench.add_argument("--iters", type=int, default=30, help="timed iterations per policy (default 30)")
@@ -127,12 +130,11 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     )
 
 
-def _straggler(text: str) -> tuple[int, float]:
-    rank, _, factor = text.partition(":")
+def _straggler(text: str) -> Straggler:
     try:
-        return int(rank), float(factor)
-    except ValueError:
-        raise UsageError(f"--straggler must be RANK:FACTOR, such as 1:1.5, got {text!r}") from None
+        return Straggler.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _dilation(text: str) -> float | str:

@@ -10,6 +10,7 @@ from ..core.architectures import KINDS, kind
 from .dilation import check_dilation
 from .netns import JUMBO_MTU
 from .protocol import Run
+from .straggler import Straggler
 from .workloads import workload
 
 # ddp-bf16/-fp16: DDP with a compression hook; ddp-zero: DDP with torch's ZeroRedundancyOptimizer;
@@ -53,7 +54,7 @@ class BenchConfig:
     #   by calibration runs starting from bandwidths_bps[0]
     dilation: float | str = 1.0  # time dilation K (gradsched.bench.dilation), or "auto"
     mtu: int = JUMBO_MTU  # frame size on the emulated links (gradsched.bench.netns)
-    straggler: tuple[int, float] | None = None  # (rank, factor): that worker's replayed compute factor times slower
+    straggler: Straggler | None = None  # one slow worker: its compute or its link, throughout or in bursts
 
     def __post_init__(self) -> None:
         if self.workers < 2:
@@ -103,19 +104,18 @@ class BenchConfig:
         replay = workload(self.model, self.batch, self.device).replay  # unknown models raise
         check_dilation(self.dilation, replay)
         if self.straggler is not None:
-            rank, factor = self.straggler
-            if not replay:
-                raise ValueError("--straggler slows a replayed model's compute: choose a replay model")
-            if not 0 <= rank < self.workers:
-                raise ValueError(f"--straggler names a worker: a rank in 0..{self.workers - 1}, got {rank}")
-            if not factor > 1:
-                raise ValueError(f"--straggler's factor must be > 1 (its compute that many times slower), got {factor}")
+            self.straggler.check(self.workers, replay, self.iters)
+            if self.straggler.link and self.procs_per_node > 1:
+                raise ValueError("--straggler ...:link slows a host's link, which --procs-per-node > 1 shares among "
+                                 "its ranks: run one rank per host")
 
     @property
     def straggling(self) -> float:
-        """How many times slower the slowest worker computes (1: none is slower): every
-        collective waits for it, so it sets the compute the others see (the bound, the predictions)."""
-        return 1.0 if self.straggler is None else self.straggler[1]
+        """How many times slower the slowest worker computes, on average (1: none is slower, or
+        only its link is): every collective waits for it, so it sets the compute the others see
+        (the bound, the predictions)."""
+        s = self.straggler
+        return 1.0 if s is None or s.link else s.mean_factor
 
     @property
     def with_servers(self) -> bool:

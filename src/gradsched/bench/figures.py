@@ -26,7 +26,7 @@ class Row:
 
     policy: str  # the run's name (Run.name): a policy or baseline, and its variant
     bandwidth_gbps: float | None
-    iteration_s: float  # the median iteration
+    iteration_s: float  # the median iteration (the mean with a straggler's bursts)
     bound_s: float
     ratio_to_dependency_bound: float | None = None
     speedup_vs_ddp: float | None = None  # all-reduce: against DDP (or ddp-tuned)
@@ -82,16 +82,19 @@ class Setting:
     dilation_busy: float | None = None  # --dilation auto: the host's CPUs busy communicating only, undilated
     dilation_history: list[dict] | None = None  # --dilation auto: each dilated calibration's K and busiest run
 
+    modes: list[tuple[float, float]] | None = None  # a straggler's bursts: (share of iterations, compute s) each
+
     @property
     def bound_s(self) -> float:
-        return max(self.compute_s, self.comm_s)
+        """max(compute, communication): of each iteration, and in bursts their mean."""
+        return sum(weight * max(seconds, self.comm_s) for weight, seconds in self.modes or [(1.0, self.compute_s)])
 
 
 def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: RankReport) -> Setting:
     """The figures of one bandwidth from rank 0's ``raw`` result: the bound, and a row per run."""
-    compute = statistics.median(raw.compute)
-    if config.straggler is not None and config.straggler[0] != 0:  # rank 0 measured a fast rank's compute: the
-        compute *= config.straggling  # slowest rank's is what every collective, and so every iteration, waits for
+    # every collective, and so every iteration, waits for the slowest rank: its compute is the cluster's
+    modes = compute_modes(config, raw.compute)
+    compute = sum(weight * seconds for weight, seconds in modes)  # the mean over a whole number of bursts
     ring = statistics.median(raw.comm)
     # the link as measured: latency and per-message overhead from tiny messages, and the
     # cost per byte from the communication-only time (a ring all-reduce among the workers)
@@ -102,7 +105,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
     comm = cluster.comm_time(raw.gradient_bytes) if config.with_servers else ring
     host_cpu = raw.host_cpu
     setting = Setting(bandwidth, limited, compute, comm, raw.latency, raw.overhead,
-                      cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
+                      modes=modes if len(modes) > 1 else None, cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
                       comm_servers_s=statistics.median(raw.comm_servers) if raw.comm_servers else None,
                       cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
                       comm_wire_s=statistics.median(raw.comm_wire) if raw.comm_wire else None,
@@ -112,11 +115,13 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
         wire_link = MeasuredLink(raw.latency, raw.overhead, setting.comm_wire_s / (raw.gradient_bytes / 2),
                                  setting.cast_s_per_byte)
         predicting = link_cluster(wire_link, config.workers, config.servers)
-    medians = {p: statistics.median(r.times) for p, r in raw.policies.items()}
+    typical = statistics.median if config.straggler is None or config.straggler.steady else statistics.fmean
+    medians = {p: typical(r.times) for p, r in raw.policies.items()}
     reference = medians.get("fifo") if config.with_servers else (medians.get("ddp") or medians.get("ddp-tuned"))
     work = workload(config.model, config.batch, config.device)
     if work.table is not None:
-        setting.dependency_bound_s = dependency_bound(scaled(work.table, compute), cluster.comm_time)
+        setting.dependency_bound_s = sum(weight * dependency_bound(scaled(work.table, seconds), cluster.comm_time)
+                                         for weight, seconds in modes)
     for policy, result in raw.policies.items():
         speedup = reference / medians[policy] if reference else None
         row = Row(policy, None if bandwidth is None else bandwidth / 1e9, medians[policy], setting.bound_s,
@@ -136,12 +141,37 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
             where = link_cluster(link, config.workers, sharded=True) if run.sharded or run.fully_sharded else predicting
             if run.fully_sharded:  # the gathers' queue and the policy's reduce-scatters on one link
                 where = replace(where, arch="fully_sharded")
-            row.predicted_s = predict(scaled(table, compute), where, ran)
+            row.predicted_s = sum(weight * predict(scaled(table, seconds), where, ran) for weight, seconds in modes)
         elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
-            row.predicted_s = fsdp_iteration_s(scaled(work.table, compute),
-                                                  link_cluster(link, config.workers, sharded=True), FSDP2[base])
+            row.predicted_s = sum(weight * fsdp_iteration_s(scaled(work.table, seconds),
+                                                            link_cluster(link, config.workers, sharded=True),
+                                                            FSDP2[base]) for weight, seconds in modes)
         setting.rows.append(row)
     return setting
+
+
+def compute_modes(config: BenchConfig, rank0_compute: list[float]) -> list[tuple[float, float]]:
+    """The cluster's compute time per iteration, as (share of iterations, seconds): one mode
+    without a compute straggler, or throughout; a fast and a slow one with bursts. Rank 0 measured
+    its own compute: a fast rank's (the median of its times), unless it is the straggler (its
+    times then the slow rank's; in bursts, their mean over the whole periods timed).
+
+    >>> from gradsched.bench.straggler import Straggler
+    >>> compute_modes(BenchConfig(model="replay-mini"), [0.1, 0.1, 0.3])
+    [(1.0, 0.1)]
+    >>> compute_modes(BenchConfig(model="replay-mini", iters=4, straggler=Straggler(1, 2.0, slow=1, period=4)), [0.1] * 4)
+    [(0.75, 0.1), (0.25, 0.2)]
+    """
+    straggler = config.straggler
+    if straggler is None or straggler.link:
+        return [(1.0, statistics.median(rank0_compute))]
+    if straggler.steady:
+        slow = statistics.median(rank0_compute) * (1.0 if straggler.rank == 0 else straggler.factor)
+        return [(1.0, slow)]
+    fast = statistics.fmean(rank0_compute) / straggler.mean_factor if straggler.rank == 0 \
+        else statistics.median(rank0_compute)
+    share = straggler.slow / straggler.period
+    return [(1.0 - share, fast), (share, fast * straggler.factor)]
 
 
 def _ran(config: BenchConfig, run: Run, result: RunReport, wire_ratio: float) -> PolicyConfig:

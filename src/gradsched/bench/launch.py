@@ -68,5 +68,7 @@ def measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[di
     if not emulated:
         return launch(config, None, progress, runs, iters).undilated(k)
     rate = None if bandwidth is None else bandwidth / k
-    with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu) as cluster:
+    straggler = config.straggler
+    slower = {straggler.rank: straggler.factor} if straggler is not None and straggler.link else None
+    with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu, slower=slower) as cluster:
         return launch(config, cluster, progress, runs, iters).undilated(k)

@@ -116,7 +116,7 @@ class EmulatedCluster:
     """``with EmulatedCluster(2, bandwidth_bps=5e9) as cluster: cluster.command(0, [...])``"""
 
     def __init__(self, ranks: int, bandwidth_bps: float | None, latency_s: float = 0.0, run_id: str | None = None,
-                 mtu: int = JUMBO_MTU):
+                 mtu: int = JUMBO_MTU, slower: dict[int, float] | None = None):
         if ranks < 1 or ranks > 250:
             raise ValueError(f"ranks must be in 1..250, got {ranks}")
         if bandwidth_bps is not None and not bandwidth_bps > 0:
@@ -125,6 +125,10 @@ class EmulatedCluster:
             raise ValueError(f"latency must be >= 0, got {latency_s}")
         if not 576 <= mtu <= 65535:
             raise ValueError(f"mtu must be in 576..65535, got {mtu}")
+        for rank, factor in (slower or {}).items():
+            if not 0 <= rank < ranks or not factor >= 1:
+                raise ValueError(f"slower: a rank in 0..{ranks - 1} and a factor >= 1, got {rank}: {factor}")
+        self.slower = dict(slower or {})  # rank -> its link that many times slower (a straggler's)
         self.ranks = ranks
         self.mtu = mtu
         self.bandwidth_bps = bandwidth_bps
@@ -169,13 +173,15 @@ class EmulatedCluster:
         return self
 
     def set_link(self, bandwidth_bps: float | None, latency_s: float = 0.0) -> None:
-        """(Re)shape every rank's link in both directions; None removes the limit."""
+        """(Re)shape every rank's link in both directions (the ranks in ``slower`` at that fraction
+        of ``bandwidth_bps``); None removes the limit."""
         self.bandwidth_bps, self.latency_s = bandwidth_bps, latency_s
-        for ns in self.namespaces:
+        for rank, ns in enumerate(self.namespaces):
+            rate = bandwidth_bps / self.slower.get(rank, 1.0) if bandwidth_bps else None
             for where in ((ns, "eth0"), (None, f"{ns}h")):
-                self._shape(*where)
+                self._shape(*where, rate)
 
-    def _shape(self, ns: str | None, dev: str) -> None:
+    def _shape(self, ns: str | None, dev: str, bandwidth_bps: float | None) -> None:
         prefix = ["ip", "netns", "exec", ns] if ns else []
         _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
         parent = ["root"]
@@ -188,11 +194,11 @@ class EmulatedCluster:
                     f"cannot add latency: this kernel has no netem qdisc (sch_netem); run without --latency ({exc})"
                 ) from None
             parent = ["parent", "1:1"]
-        if self.bandwidth_bps:
-            rate = f"{self.bandwidth_bps:.0f}bit"
+        if bandwidth_bps:
+            rate = f"{bandwidth_bps:.0f}bit"
             # a bucket of ~2 ms of traffic (at least 64 KiB: a GSO segment, and more than one frame)
             # keeps tbf accurate at high rates
-            burst = max(65536, self.mtu + 1024, int(self.bandwidth_bps / 8 * 0.002))
+            burst = max(65536, self.mtu + 1024, int(bandwidth_bps / 8 * 0.002))
             _run(*prefix, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", rate,
                  "burst", str(burst), "latency", "100ms")
 

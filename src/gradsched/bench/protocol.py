@@ -8,6 +8,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from .straggler import Straggler
+
 MARK = "@@gradsched-bench "
 
 # the phases a rank times besides the policies (keys of its ``host_cpu`` figures)
@@ -67,15 +69,16 @@ class WorkerConfig:
     compression: str | None = None
     dilation: float = 1.0
     trace_dir: str | None = None
-    straggler: tuple[int, float] | None = None  # (rank, factor): that rank's replayed compute factor times slower
+    straggler: Straggler | None = None  # one slow rank (gradsched.bench.straggler)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        data = dataclasses.asdict(self)
+        data["straggler"] = None if self.straggler is None else self.straggler.as_json()
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
         data = json.loads(text)
         data["runs"] = tuple(Run(**run) for run in data["runs"])
-        if data.get("straggler") is not None:
-            data["straggler"] = tuple(data["straggler"])
+        data["straggler"] = Straggler.from_json(data.get("straggler"))
         return cls(**data)

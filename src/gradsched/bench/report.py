@@ -27,7 +27,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "compression": config.compression,
         "procs_per_node": config.procs_per_node,
         "launcher": config.launcher,
-        "straggler": list(config.straggler) if config.straggler is not None else None,
+        "straggler": config.straggler.as_json() if config.straggler is not None else None,
         "mtu": config.mtu,
         "dilation": settings[0].dilation if settings else 1.0,
         "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
@@ -41,7 +41,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
                       "host_cpu_busy_compute": s.cpu_compute, "host_cpu_busy_comm": s.cpu_comm,
                       "comm_servers_s": s.comm_servers_s, "host_cpu_busy_comm_servers": s.cpu_comm_servers,
                       "comm_wire_s": s.comm_wire_s, "cast_s_per_byte": s.cast_s_per_byte,
-                      "balance_calibration": s.calibration} for s in settings],
+                      "compute_modes": s.modes, "balance_calibration": s.calibration} for s in settings],
         "results": [row.as_json(config.with_servers) for s in settings for row in s.rows],
     }
 
@@ -77,8 +77,11 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         if config.straggler is not None:
-            rank, factor = config.straggler
-            lines.append(f"  straggler: rank {rank} computes {factor:g}x slower; compute below is its (the bound's)")
+            lines.append(f"  straggler: {config.straggler.describe()}; " + (
+                "communication below is through its link" if config.straggler.link else
+                "compute below is its (the bound's)" if config.straggler.steady else
+                "compute below is the mean over its bursts, the bound the mean of each iteration's, the rows "
+                "means over the timed iterations (whole periods)"))
         if s.dilation != 1 or s.dilation_busy is not None:
             tried = "; ".join(f"K={c['dilation']:g}: busiest run {_percent(c['host_cpu_busy_busiest_run'])}"
                               for c in s.dilation_history or [])

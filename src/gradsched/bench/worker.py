@@ -12,11 +12,13 @@ looks for. With parameter servers the last ranks serve every policy in turn.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -36,7 +38,8 @@ from .host import HostCpu
 from .memory import RunMemory
 from .protocol import COMM_ONLY, COMM_WIRE, COMPUTE_ONLY, MARK, SERVERS_ONLY, Run, WorkerConfig
 from .config import FSDP2
-from .workloads import ReplayOptimizer, local, workload
+from .straggler import Straggler
+from .workloads import Pacer, ReplayOptimizer, local, workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
 TRIAL_ROUNDS = 5
@@ -62,6 +65,18 @@ def _stepper(model, optimizer, load, loss_fn, clip: float = 0.0):
         optimizer.step()
 
     return step
+
+
+def bursting(step: Callable[[], None], pacer: Pacer, bursts: Straggler) -> Callable[[], None]:
+    """``step`` with its replay paced ``bursts.factor`` times slower in the steps the bursts
+    name (counted from the first call), as fast as profiled in the others."""
+    count = itertools.count()
+
+    def step_in_bursts() -> None:
+        pacer.slowdown = bursts.factor if bursts.slow_at(next(count)) else 1.0
+        step()
+
+    return step_in_bursts
 
 
 def _ddp(model, bucket_cap_mb: float, policy: str) -> DDP:
@@ -118,8 +133,13 @@ class _Rank:
         self.servers = config.servers
         self.workers = world - self.servers
         self.group = dist.new_group(list(range(self.workers))) if self.servers else None  # every rank creates it
-        slower = config.straggler[1] if config.straggler is not None and config.straggler[0] == self.rank else 1.0
+        straggler = config.straggler
+        slower = 1.0 if straggler is None else straggler.compute_factor(self.rank)
         self.work = workload(config.model, config.batch, config.device, config.dilation * slower)
+        # this rank slow in bursts: its replay's pacer slowed step by step (see step())
+        self.bursts = straggler if straggler is not None and not straggler.steady and straggler.rank == self.rank \
+            else None
+        self.pacer = None  # the latest fresh model's (a replay's)
         generator = torch.Generator().manual_seed(1 + self.rank)
         self.load = lambda: self.work.batch(generator)
         self.iters, self.warmup = config.iters, config.warmup
@@ -151,10 +171,15 @@ class _Rank:
     def fresh(self):
         torch.manual_seed(0)
         model = self.work.build()
+        self.pacer = getattr(model, "pacer", None)
         return model, self.work.optimizer(model)
 
     def step(self, model, opt, run: Run | None = None):
-        return _stepper(model, opt, self.load, self.work.loss, run.clip if run is not None else 0.0)
+        """One training step of the latest fresh model (wrapped as ``model``); where this rank is
+        slow in bursts, its replay paced slower in the steps the bursts name, counted from this
+        call's first step."""
+        step = _stepper(model, opt, self.load, self.work.loss, run.clip if run is not None else 0.0)
+        return step if self.bursts is None else bursting(step, self.pacer, self.bursts)
 
     def ddp(self, run: Run) -> dict:
         """DDP with 25 MB buckets, or (ddp-tuned) the fastest of several caps, re-measured;

@@ -136,6 +136,7 @@ class Pacer:
         self.previous = 0.0  # the previous op's length
         self.ops = 0
         self.busy_s = 0.0  # device time paced so far
+        self.slowdown = 1.0  # every op takes that many times its time (a straggler's burst: gradsched.bench.straggler)
 
     def launch(self, seconds: float) -> None:
         """The CPU work that launches an op of ``seconds`` in eager PyTorch, ``launch_share`` of
@@ -154,6 +155,7 @@ class Pacer:
         work.blocked += _voluntary_switches() - switches
 
     def wait(self, seconds: float) -> None:
+        seconds *= self.slowdown
         if self.launch_share:
             self.launch(seconds)  # its CPU time is hidden behind the previous op, its waits are not
         now, cpu = self.clock(), self.cpu_clock()

@@ -16,6 +16,8 @@ for the prediction next to every measured row, and the tuner for every offline t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..core.base import PolicyConfig
 from ..core.estimator import MeasuredLink
 from ..models.table import Layer, ModelTable
@@ -65,6 +67,24 @@ def straggling(table: ModelTable, factor: float) -> ModelTable:
     """
     slow = scaled(table, table.compute_s * factor)
     return ModelTable(f"{table.name} (one worker {factor:g}x slower)", slow.layers, table.meta)
+
+
+def slow_link(table: ModelTable, cluster: Cluster, factor: float) -> tuple[ModelTable, Cluster]:
+    """What a cluster runs where one worker's link is ``factor`` times slower: a ring (all-reduce,
+    reduce-scatter, all-gather) moves every step at its slowest link's pace, so the cluster runs
+    as if every link were that slow; the table renamed to say so. Parameter servers are not
+    modelled so (the slow worker's link would delay only its own pushes and pulls).
+
+    >>> from gradsched.models import ParamSpec
+    >>> table = ModelTable("m", (Layer("a", 1.0, 2.0, (ParamSpec("a.weight", 10),)),), {})
+    >>> slow_table, slow = slow_link(table, Cluster(4, 10e9), 2.0)
+    >>> slow.bandwidth_bps / 1e9, slow_table.name
+    (5.0, "m (one worker's link 2x slower)")
+    """
+    if cluster.kind.servers:
+        raise ValueError("a slower link is modelled for rings (all-reduce, sharded), not for parameter servers")
+    named = ModelTable(f"{table.name} (one worker's link {factor:g}x slower)", table.layers, table.meta)
+    return named, replace(cluster, bandwidth_bps=cluster.bandwidth_bps / factor)
 
 
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:

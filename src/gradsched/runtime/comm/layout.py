@@ -9,10 +9,10 @@ arms), as DDP's buckets with ``gradient_as_bucket_view``; and every bucket is a 
 The buffer is cut, between the buckets, into chunks of at least DDP's bucket size, each its
 own allocation, so that the hand-off to DDP's reducer can move the gradients out chunk by chunk
 and never hold two copies of them.
-A message whose slices are consecutive in the buffer is a view of it and is reduced in place:
-no copy in at launch, no copy back. Others (a block that skipped ahead to fill its budget, a
-plan whose order differs from the first one's, mixed dtypes) are copied into a temporary
-buffer and back: memory held only while the message is in flight.
+A message whose slices tile one range of the buffer, in whatever order, is a view of it and
+is reduced in place: no copy in at launch, no copy back. Others (a block that skipped ahead
+to fill its budget, a plan that groups gradients the first one kept apart, mixed dtypes) are
+copied into a temporary buffer and back: memory held only while the message is in flight.
 """
 
 from __future__ import annotations
@@ -79,8 +79,11 @@ class BufferLayout:
         place = homes.place
         self.fused: dict[int, torch.Tensor] = {}  # message -> its range of a flat buffer
         for k, message in enumerate(plan.messages):
-            ranges = [(place[index[name]][0], place[index[name]][1] + offset, numel)
-                      for name, offset, numel in message.slices]
+            # in any order: a reduction is elementwise, and every rank lays the homes out alike, so
+            # a message whose slices tile one range (a block in priority order over homes in
+            # backward order) reduces that range in place
+            ranges = sorted(((place[index[name]][0], place[index[name]][1] + offset, numel)
+                             for name, offset, numel in message.slices), key=lambda r: r[1])
             key = ranges[0][0]
             consecutive = all(a[1] + a[2] == b[1] for a, b in zip(ranges, ranges[1:]))
             if consecutive and all(r[0] == key for r in ranges):
