@@ -36,6 +36,7 @@ import math
 import pathlib
 import sys
 
+from gradsched.bench.report import named_slow
 from gradsched.bench.straggler import Straggler
 from gradsched.sim.bounds import raises_bound
 
@@ -73,8 +74,7 @@ def table(data: dict) -> str:
     dilated = f", time dilation K={data['dilation']:g} (times / K)" if data.get("dilation", 1) != 1 else ""
     straggler = Straggler.from_json(data.get("straggler"))
     if straggler is not None:  # the compute column and the bound are then the slow rank's (or through its link)
-        named = sorted({f"rank {r['ranks']['slow_rank']} ({r['ranks']['ratio']:.2f}x)" for r in results
-                        if (r.get("ranks") or {}).get("slow_rank") is not None})
+        named = sorted({said for r in results if (said := named_slow(r.get("ranks")))})
         whose = ("communication is through its link" if straggler.link else "compute and the bound are its"
                  if straggler.steady else "compute is the mean over its bursts, each cell the mean iteration")
         dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'})"

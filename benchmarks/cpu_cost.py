@@ -22,7 +22,9 @@ Per iteration (a block's over four), on rank 0, medians over the blocks:
 * per tensor and per message: ``process`` over the parameter tensors and over the messages of
   the plan in use (DDP: its buckets);
 * ``of H100``: ``process`` as a share of the replay profile's compute time on the ``--device``
-  preset: above 1, one CPU core could not keep up even with nothing else to do.
+  preset: above 1, one CPU core could not keep up even with nothing else to do;
+* ``copied MB``: the gradients' bytes gradsched's messages carried in a copy (those not one
+  range of the gradients' homes: gradsched.runtime.comm.layout).
 
 gradsched's own data plane is kept (``handoff=False``), as the trial would otherwise hand the
 buckets it keeps to DDP's reducer, whose cost is DDP's; with ``--keep-plans`` each policy runs
@@ -92,18 +94,23 @@ def worker(args: argparse.Namespace) -> None:
         rounds = args.warmup if name == "ddp" else max(args.warmup, optimizer.stats.settled_round + 1)
         for _ in range(rounds):
             iteration(model, optimizer)
+    def copied(optimizer) -> int:  # bytes gradsched's launcher has sent in copies so far (0 for DDP's)
+        coordinator = getattr(optimizer, "_coordinator", None)
+        return 0 if coordinator is None else coordinator.backend.exchange.launcher.copied_bytes
+
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
     for _ in range(0, args.iters, BLOCK):
         for name, (model, optimizer, _) in runners.items():
             dist.barrier()
             launched = dataclasses.replace(pacers[name].launched)
-            wall, process, threads = time.perf_counter(), time.process_time(), thread_cpu()
+            wall, process, threads, sent = time.perf_counter(), time.process_time(), thread_cpu(), copied(optimizer)
             for _ in range(BLOCK):
                 iteration(model, optimizer)
             if name != "ddp":  # a policy crossing the barrier sends the block's last round during the
                 optimizer.synchronize()  # next forward pass: counted here, not in the next runner's block
             after = thread_cpu()
-            sample = {"wall": time.perf_counter() - wall, "process": time.process_time() - process}
+            sample = {"wall": time.perf_counter() - wall, "process": time.process_time() - process,
+                      "copied_bytes": copied(optimizer) - sent}
             sample.update({f"thread:{k}": v - threads.get(k, 0.0) for k, v in after.items()})
             now = pacers[name].launched
             if args.launch_share:
@@ -133,15 +140,24 @@ def own(median: dict[str, float]) -> float:
     return sum(v for k, v in median.items() if k == "thread:training" or k.startswith("thread:gradsched"))
 
 
+def copied_mb(policy: dict, name: str) -> str:
+    """MB an iteration gradsched sent in copies (messages not one range of the gradients' homes);
+    '-' for DDP (its reducer copies every gradient into its buckets, in C++)."""
+    value = policy["median"].get("copied_bytes")
+    return f"{'-':>10s}" if value is None or name == "ddp" else f"{value / 1e6:10.1f}"
+
+
 def table(data: dict) -> str:
     args, compute = data["args"], data["result"]["compute_s"]
     policies = data["result"]["policies"]
     ddp = policies.get("ddp")
+    copies = any("copied_bytes" in p["median"] for p in policies.values())  # runs kept before the column have none
     lines = [f"{args['ranks']} ranks, loopback, {args['model']} ({args['device']} profile, batch {args['batch']}: "
              f"{compute * 1e3:.1f} ms compute), {policies[next(iter(policies))]['iterations']} iterations each, "
              "CPU ms per iteration (medians, rank 0)",
              f"  {'':14s} {'wall':>6s} {'process':>8s} {'C++':>6s} {'training':>9s} {'threads':>8s} {'own':>6s} "
-             f"{'vs ddp':>7s} {'us/tensor':>10s} {'us/msg':>7s} {'of compute':>11s}  plan"]
+             f"{'vs ddp':>7s} {'us/tensor':>10s} {'us/msg':>7s} {'of compute':>11s}"
+             + (f" {'copied MB':>10s}" if copies else "") + "  plan"]
     for name, p in policies.items():
         m = p["median"]
         python = sum(v for k, v in m.items() if k.startswith("thread:"))
@@ -152,7 +168,8 @@ def table(data: dict) -> str:
         plan = p["plan"] if p["messages"] is None else f"{p['plan']}, {p['messages']} messages"
         lines.append(f"  {name:14s} {m['wall'] * 1e3:6.1f} {m['process'] * 1e3:8.1f} {(m['process'] - python) * 1e3:6.1f} "
                      f"{m.get('thread:training', 0.0) * 1e3:9.1f} {threads * 1e3:8.1f} {mine * 1e3:6.1f} {versus} "
-                     f"{mine / p['tensors'] * 1e6:10.0f} {per_message} {mine / compute:11.2f}  {plan}")
+                     f"{mine / p['tensors'] * 1e6:10.0f} {per_message} {mine / compute:11.2f}"
+                     + (f" {copied_mb(p, name)}" if copies else "") + f"  {plan}")
     if any("launch:cpu" in p["median"] for p in policies.values()):
         lines.append(f"  each op launched by CPU work of {args['launch_share']:.0%} of its time (ms per iteration): the "
                      "training thread's launch work (CPU), its wall time, the part neither running nor queued for a CPU "

@@ -79,3 +79,20 @@ def test_the_table_shows_the_launch_work_where_the_run_had_a_launch_share():
     assert text.splitlines()[-1].split() == ["prophet", "5.0", "12.0", "4.00", "6", "100.0"]
     del median["launch:cpu"]
     assert "launched by" not in cpu_cost.table(data)  # a run without a launch share: no such columns
+
+
+def test_the_bytes_sent_in_copies_get_a_column_where_the_run_counted_them():
+    def data(copied: bool) -> dict:
+        median = {"wall": 0.1, "process": 0.09, "thread:training": 0.03, "thread:gradsched-launcher": 0.01}
+        policies = {name: {"median": dict(median, **({"copied_bytes": 42e6 if name == "prophet" else 0}
+                                                   if copied else {})),
+                           "tensors": 161, "messages": None if name == "ddp" else 70, "plan": name, "iterations": 16}
+                    for name in ("ddp", "prophet")}
+        return {"args": {"ranks": 2, "model": "replay-resnet50", "device": "h100", "batch": 32, "launch_share": 0.0},
+                "result": {"compute_s": 0.014, "policies": policies}}
+
+    counted = cpu_cost.table(data(True)).splitlines()
+    assert "copied MB" in counted[1]
+    assert counted[2].split()[-2:] == ["-", "ddp"]  # DDP's reducer copies in C++: not counted
+    assert counted[3].split()[-4] == "42.0"  # before "prophet, 70 messages"
+    assert "copied MB" not in cpu_cost.table(data(False))  # kept before the column was

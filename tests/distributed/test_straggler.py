@@ -29,3 +29,25 @@ def test_a_slow_rank_is_named_everywhere_and_planned_on(tmp_path):
     trace = json.loads((tmp_path / "trace.rank0.json").read_text())
     marks = [e for e in trace["traceEvents"] if e.get("ph") == "i" and e.get("cat") == "ranks"]
     assert marks and marks[0]["name"].startswith("slow rank 1")
+
+
+def test_a_rank_slow_in_bursts_is_named_so_and_plans_stay_on_the_medians(tmp_path):
+    """Rank 1 8x slower in every fourth step (5 ms layers, 40 ms): its median backward pass is the others', so no rank
+    is slow throughout, but it is named slow in bursts (two slow rounds or more of its latest)."""
+    out = tmp_path / "out.json"
+    results = run_ranks("straggler", 2, str(out), "1", str(tmp_path / "trace.json"), "bursts", timeout=180)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    ranks = json.loads(out.read_text())
+    for report in ranks:
+        assert report["slow_rank"] is None, report["ranks"]
+        named = report["ranks"]
+        assert named["burst_rank"] == 1 and named["burst_rounds"] >= 2 and named["burst_of"] > named["burst_rounds"]
+        assert named["burst_slowest_s"] > 2 * named["median_s"]  # 40 ms layers against 5 ms
+        assert report["max_abs_diff"] == 0.0
+    said = [line for line in ranks[0]["said"] if "rank 1 is slow in bursts" in line]
+    assert said and all(line.startswith("WARNING") for line in said)
+    assert not any("in bursts" in line for line in ranks[1]["said"])  # said by rank 0
+    trace = json.loads((tmp_path / "trace.rank0.json").read_text())
+    marks = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "i" and e.get("cat") == "ranks"]
+    assert any(name.startswith("rank 1 slow in bursts") for name in marks), marks

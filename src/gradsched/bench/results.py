@@ -11,7 +11,7 @@ from typing import Any
 
 #: the seconds inside the runtime's own reports (RunStats.as_dict) of a run
 _TIMED = {"prediction": ("compute_s", "latency_s", "overhead_s", "comm_s", "policy_s", "fifo_s"),
-          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s"), "ranks": ("median_s",)}
+          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s"), "ranks": ("median_s", "burst_slowest_s")}
 
 
 @dataclass(frozen=True)

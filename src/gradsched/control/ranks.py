@@ -17,17 +17,33 @@ gradients are the ones a plan can fill.
 1.5
 >>> compare_ranks([0.200, 0.210]).slow_rank is None  # 5% apart: noise, nobody named
 True
+
+A rank slow only now and then (in bursts: throttling that comes and goes) keeps a fast median,
+so each rank also sends its backward pass in each of its latest rounds (up to
+:data:`BURST_WINDOW`), and the rank with the most slow rounds is named slow in bursts where it has :data:`BURST_ROUNDS` of them or more (one
+slow round is a hiccup), counting only rounds :data:`BURST_RATIO` times the others' median or slower. Plans stay on the medians: most iterations are the fast ones.
+
+>>> bursts = compare_ranks([0.200, 0.201], [[0.2, 0.2, 0.2, 0.2], [0.4, 0.2, 0.2, 0.4]])
+>>> bursts.slow_rank, bursts.burst_rank, bursts.burst_rounds, bursts.burst_of, round(bursts.burst_ratio, 2)
+(None, 1, 2, 4, 2.0)
+>>> compare_ranks([0.200, 0.201], [[0.2] * 4, [0.4, 0.2, 0.2, 0.2]]).burst_rank is None  # one slow round
+True
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 #: a rank whose backward pass takes this many times the other ranks' median is named slow (below it,
 #: the ranks of a replay differ by a few percent between runs)
 SLOW_RATIO = 1.10
+#: rounds each rank reports for bursts (its latest); how many of them must be slow to name it, and how
+#: slow a round must be to count (a rank's rounds vary by more than SLOW_RATIO now and then on a busy host)
+BURST_WINDOW = 64
+BURST_ROUNDS = 2
+BURST_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -38,24 +54,59 @@ class RanksReport:
     median_s: float  # the other ranks' median (all but the slowest)
     slow_rank: int | None  # the slowest rank, where it is slow by more than SLOW_RATIO; else None
     ratio: float  # the slowest rank's backward pass over the others' median (1.0: all alike)
+    burst_rank: int | None = None  # another rank, slow in BURST_ROUNDS or more of its latest rounds; else None
+    burst_rounds: int = 0  # how many of them were slow (BURST_RATIO times the others' median or more)
+    burst_of: int = 0  # of how many of its rounds compared
+    burst_slowest_s: float | None = None  # its slowest backward pass among them
+
+    @property
+    def burst_ratio(self) -> float | None:
+        """The bursty rank's slowest backward pass over the others' median."""
+        return None if self.burst_slowest_s is None else self.burst_slowest_s / self.median_s
 
     def describe(self) -> str:
         """The verdict in words (for the log)."""
         if self.slow_rank is None:
-            return f"the ranks' backward passes are within {SLOW_RATIO - 1:.0%} of each other"
-        slow = self.backward_s[self.slow_rank]
-        return (f"rank {self.slow_rank} is slow: its backward pass takes {self.ratio:.2f}x the other ranks' "
-                f"median ({slow * 1e3:.1f} ms against {self.median_s * 1e3:.1f} ms); every reduction waits for it, "
-                f"and plans are made on its ready times")
+            text = f"the ranks' backward passes are within {SLOW_RATIO - 1:.0%} of each other"
+        else:
+            slow = self.backward_s[self.slow_rank]
+            text = (f"rank {self.slow_rank} is slow: its backward pass takes {self.ratio:.2f}x the other ranks' "
+                    f"median ({slow * 1e3:.1f} ms against {self.median_s * 1e3:.1f} ms); every reduction waits for "
+                    f"it, and plans are made on its ready times")
+        if self.burst_rank is not None:
+            text += (f"{'; ' if self.slow_rank is not None else ' in the median, but '}rank {self.burst_rank} is slow "
+                     f"in bursts: {self.burst_rounds} of its latest {self.burst_of} backward passes took "
+                     f"{BURST_RATIO:.2f}x the other ranks' median or more, the slowest {self.burst_ratio:.2f}x "
+                     f"({self.burst_slowest_s * 1e3:.1f} ms); plans stay on the medians")
+        return text
+
+    @property
+    def verdict(self) -> tuple[int | None, int | None]:
+        """(the slow rank, the rank slow in bursts): what a change of is said."""
+        return self.slow_rank, self.burst_rank
 
 
-def compare_ranks(backward_s: Sequence[float | None]) -> RanksReport | None:
+def compare_ranks(backward_s: Sequence[float | None],
+                  spans: Sequence[Sequence[float]] | None = None) -> RanksReport | None:
     """The report for every rank's median backward pass (seconds, in rank order; None where a
-    rank measured none yet); None where fewer than two ranks measured one."""
+    rank measured none yet) and, where given, each rank's backward pass in each of its latest
+    rounds; None where fewer than two ranks measured one."""
     measured = [(rank, s) for rank, s in enumerate(backward_s) if s is not None and s > 0]
     if len(measured) < 2:
         return None
     slowest, seconds = max(measured, key=lambda item: (item[1], -item[0]))
     median = statistics.median(s for rank, s in measured if rank != slowest)
     ratio = seconds / median if median > 0 else 1.0
-    return RanksReport(tuple(backward_s), median, slowest if ratio > SLOW_RATIO else None, ratio)
+    slow = slowest if ratio > SLOW_RATIO else None
+    report = RanksReport(tuple(backward_s), median, slow, ratio)
+    if spans is None or not median > 0:
+        return report
+    counts = [(sum(s >= BURST_RATIO * median for s in rounds), rank) for rank, rounds in enumerate(spans)
+              if rank != slow and rounds and backward_s[rank] is not None]
+    if not counts:
+        return report
+    count, rank = max(counts, key=lambda item: (item[0], -item[1]))
+    if count < BURST_ROUNDS:
+        return report
+    return replace(report, burst_rank=rank, burst_rounds=count, burst_of=len(spans[rank]),
+                   burst_slowest_s=max(spans[rank]))

@@ -110,6 +110,7 @@ class Launcher:
         self._thread = threading.Thread(target=self._run, name="gradsched-launcher", daemon=True)
         self.stream: Any = None  # the stream the thread runs under (None on CPU): the GPU check reads it
         self.copied_messages = 0  # messages that travelled in a copy (mixed dtypes, slices): the GPU check reads it
+        self.copied_bytes = 0  # and their bytes (benchmarks/cpu_cost.py reads it)
 
     def start(self) -> None:
         self._thread.start()
@@ -290,6 +291,7 @@ class Launcher:
             futures = [f.then(partial(_copy_back, r, v)) for f, r, v in zip(futures, results, targets)]
             state.hold(k, results)
             self.copied_messages += 1
+            self.copied_bytes += sum(buffer.nbytes for buffer in buffers)
         with self.board.cond:
             state.futures[k] = futures
             if self.on_event:

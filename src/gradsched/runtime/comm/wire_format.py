@@ -23,7 +23,7 @@ gradsched.runtime.comm.wire_format.WireFormatError: a message from rank 0 is not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Collection, Sequence
 
 import msgspec
@@ -37,7 +37,7 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.diagnostics.stats import Prediction
 
 FORMAT = "gradsched"
-VERSION = 4  # raise on any change to an envelope or a body type
+VERSION = 5  # raise on any change to an envelope or a body type
 
 
 class WireFormatError(GradschedError):
@@ -94,6 +94,7 @@ class RankTiming:
 
     backward_s: float | None  # its backward pass, the end of its forward pass to its last gradient (None: none yet)
     ready: list[float]  # each planned gradient's ready time, from the round's first, in the plans' order (or [])
+    spans: list[float] = field(default_factory=list)  # its backward pass in each of its latest rounds (bursts)
 
 
 KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys,

@@ -21,6 +21,7 @@ per cent of model error is enough to pick the wrong side where the two are close
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from functools import partial
 import logging
 from typing import Callable, Sequence
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage
 from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
-from gradsched.control.ranks import RanksReport, compare_ranks
+from gradsched.control.ranks import BURST_WINDOW, RanksReport, compare_ranks
 from gradsched.core.base import PolicyConfig
 from gradsched.core.engine import message_hold
 from gradsched.core.estimator import MeasuredLink
@@ -108,6 +109,11 @@ class Planner:
         self._done: set[int] = set()
         self.trace = trace
         self._slow_ready: list[float] | None = None  # the slow rank's ready times, which rank 0 plans on
+        # this rank's latest rounds, for bursts (gradsched.control.ranks): recorded, then each one's
+        # backward pass once resolved at a control point
+        self._unresolved: deque[RoundTiming] = deque(maxlen=BURST_WINDOW)
+        self._spans: deque[float] = deque(maxlen=BURST_WINDOW)
+        self._recorded = 0
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -150,6 +156,9 @@ class Planner:
     def record(self, timing: RoundTiming, round_index: int) -> None:
         measured = self.measured
         measured.timings = (measured.timings + [timing])[-(self.config.profile_rounds + 1) :]
+        self._recorded += 1
+        if self._recorded > 1:  # the first round warms up
+            self._unresolved.append(timing)
         self._starts[round_index] = timing
         for old in [r for r in self._starts if r < round_index - 2 * self.config.trial_rounds - 4]:
             del self._starts[old]
@@ -198,22 +207,30 @@ class Planner:
         plans on the slow rank's ready times while there is one."""
         timings = self._complete_timings()
         ready = list(_median_ready(timings, self.names).values()) if timings else []
-        mine = RankTiming(_median_backward(timings), ready)
+        while self._unresolved:
+            span = _backward_span(self.clock.resolve(self._unresolved.popleft()), len(self.names))
+            if span is not None:
+                self._spans.append(span)
+        mine = RankTiming(_median_backward(timings), ready, list(self._spans))
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
-        report = compare_ranks([r.backward_s for r in ranks])
+        report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks])
         if report is None:
             return
         before, self.measured.ranks = self.measured.ranks, report
         slow = report.slow_rank
         self._slow_ready = ranks[slow].ready if slow is not None and len(ranks[slow].ready) == len(self.names) else None
-        if (before.slow_rank if before is not None else None) != slow:
+        if (before.verdict if before is not None else (None, None)) != report.verdict:
             if self.rank == 0:
-                logger.log(logging.WARNING if slow is not None else logging.INFO, "gradsched: %s", report.describe())
+                named = slow is not None or report.burst_rank is not None
+                logger.log(logging.WARNING if named else logging.INFO, "gradsched: %s", report.describe())
             if self.trace is not None:
-                self.trace.mark("ranks", f"slow rank {slow} ({report.ratio:.2f}x)" if slow is not None
-                                else "no slow rank", {"backward_ms": [None if s is None else s * 1e3
-                                                                      for s in report.backward_s]})
+                said = [f"slow rank {slow} ({report.ratio:.2f}x)"] if slow is not None else []
+                if report.burst_rank is not None:
+                    said.append(f"rank {report.burst_rank} slow in bursts ({report.burst_rounds} of "
+                                f"{report.burst_of}, up to {report.burst_ratio:.2f}x)")
+                self.trace.mark("ranks", "; ".join(said) or "no slow rank",
+                                {"backward_ms": [None if s is None else s * 1e3 for s in report.backward_s]})
 
     def _adopt(self, proposal: Proposal, first_round: int) -> None:
         measured = self.measured
@@ -328,6 +345,14 @@ def _users_random_state_kept(device: torch.device):
     """Whatever runs inside (Optuna's samplers fit with torch) leaves the user's generators
     (the CPU one, and the parameters' CUDA device's) as they were."""
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
+
+
+def _backward_span(timing: RoundTiming, tensors: int) -> float | None:
+    """A round's backward pass (the end of its forward pass to its last gradient), where every
+    gradient was ready in it; else None."""
+    if len(timing.ready) != tensors or not timing.forward_end:
+        return None
+    return max(timing.ready.values()) - timing.forward_end
 
 
 def _median_backward(timings: Sequence[RoundTiming]) -> float | None:
