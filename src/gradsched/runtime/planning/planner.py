@@ -157,7 +157,7 @@ class Planner:
         measured = self.measured
         measured.timings = (measured.timings + [timing])[-(self.config.profile_rounds + 1) :]
         self._recorded += 1
-        if self._recorded > 1:  # the first round warms up
+        if self._recorded > 1 and self.world_size > 1:  # the first round warms up; one rank compares with none
             self._unresolved.append(timing)
         self._starts[round_index] = timing
         for old in [r for r in self._starts if r < round_index - 2 * self.config.trial_rounds - 4]:
@@ -347,18 +347,17 @@ def _users_random_state_kept(device: torch.device):
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda")
 
 
-def _backward_span(timing: RoundTiming, tensors: int) -> float | None:
-    """A round's backward pass (the end of its forward pass to its last gradient), where every
-    gradient was ready in it; else None."""
-    if len(timing.ready) != tensors or not timing.forward_end:
+def _backward_span(timing: RoundTiming, tensors: int | None = None) -> float | None:
+    """A round's backward pass (the end of its forward pass to its last gradient: nothing of
+    another rank's delays it); None where it has none, or fewer than ``tensors`` gradients."""
+    if not timing.ready or not timing.forward_end or (tensors is not None and len(timing.ready) != tensors):
         return None
     return max(timing.ready.values()) - timing.forward_end
 
 
 def _median_backward(timings: Sequence[RoundTiming]) -> float | None:
-    """The backward pass (the end of the forward pass to the last gradient: nothing of another
-    rank's delays it), the median over ``timings`` (the upper one of an even count); None without."""
-    spans = sorted(max(t.ready.values()) - t.forward_end for t in timings if t.ready and t.forward_end)
+    """The backward pass, the median over ``timings`` (the upper one of an even count); None without."""
+    spans = sorted(span for t in timings if (span := _backward_span(t)) is not None)
     return spans[len(spans) // 2] if spans else None
 
 
