@@ -137,6 +137,22 @@ def test_a_dilated_runs_ranks_report_is_undilated_with_its_times():
     ranks = report.undilated(3).ranks
     assert ranks["backward_s"] == [pytest.approx(0.1), None, pytest.approx(0.2)]
     assert ranks["median_s"] == pytest.approx(0.15) and ranks["slow_rank"] == 2
+    # the ring probe's transfers (3+ ranks) too; runs kept before it have none
+    linked = RunReport([0.3], ranks={"backward_s": [0.3, 0.3, 0.3], "median_s": 0.3, "slow_rank": None, "ratio": 1.0,
+                                     "link_out_s": [0.03, 0.12, 0.12], "link_median_s": 0.03, "link_rank": 2,
+                                     "link_ratio": 4.0}).undilated(3).ranks
+    assert linked["link_out_s"] == [pytest.approx(0.01), pytest.approx(0.04), pytest.approx(0.04)]
+    assert linked["link_median_s"] == pytest.approx(0.01) and linked["link_ratio"] == 4.0
+
+
+def test_the_bench_says_which_rank_it_named_and_how():
+    from gradsched.bench.report import named_slow
+
+    assert named_slow(None) == "" and named_slow({"slow_rank": None}) == ""
+    assert named_slow({"slow_rank": 1, "ratio": 1.5}) == "rank 1 (1.50x)"
+    assert named_slow({"slow_rank": None, "burst_rank": 1, "burst_rounds": 5, "burst_of": 23, "burst_slowest_s": 0.4,
+                       "median_s": 0.2}) == "rank 1 in bursts (5 of 23 rounds, up to 2.00x)"
+    assert named_slow({"slow_rank": None, "link_rank": 2, "link_ratio": 3.9}) == "rank 2's link (3.90x)"
 
 
 def test_simulate_runs_the_cluster_on_the_slow_workers_compute(capsys):

@@ -133,20 +133,23 @@ def _rows(config: BenchConfig, s: Setting) -> list[str]:
                      f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
     named = [f"{row.policy} {said}" for row in s.rows if (said := named_slow(row.report.ranks))]
     if named or config.straggler is not None:
-        lines.append("  slow rank named (its backward pass against the other ranks' median): "
+        lines.append("  slow rank named (its backward pass, or its link, against the other ranks' median): "
                      + ("; ".join(named) or "none"))
     return lines
 
 
 def named_slow(ranks: dict | None) -> str:
     """What a run's ``ranks`` report (RanksReport as a dict) named slow, in words ("" for nobody):
-    the slow rank and its ratio, and a rank slow in bursts with how often and how much."""
+    the slow rank and its ratio, a rank slow in bursts with how often and how much, and a rank
+    whose link is slow."""
     if not ranks:
         return ""
     said = [f"rank {ranks['slow_rank']} ({ranks['ratio']:.2f}x)"] if ranks.get("slow_rank") is not None else []
     if ranks.get("burst_rank") is not None:
         said.append(f"rank {ranks['burst_rank']} in bursts ({ranks['burst_rounds']} of {ranks['burst_of']} rounds, "
                     f"up to {ranks['burst_slowest_s'] / ranks['median_s']:.2f}x)")
+    if ranks.get("link_rank") is not None:
+        said.append(f"rank {ranks['link_rank']}'s link ({ranks['link_ratio']:.2f}x)")
     return ", ".join(said)
 
 

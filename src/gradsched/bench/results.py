@@ -11,7 +11,7 @@ from typing import Any
 
 #: the seconds inside the runtime's own reports (RunStats.as_dict) of a run
 _TIMED = {"prediction": ("compute_s", "latency_s", "overhead_s", "comm_s", "policy_s", "fifo_s"),
-          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s"), "ranks": ("median_s", "burst_slowest_s")}
+          "trial": ("policy_s", "fifo_s"), "autotune": ("best_s", "default_s"), "ranks": ("median_s", "burst_slowest_s", "link_median_s")}
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,10 @@ class RunReport:
         if isinstance(confirm, dict) and confirm.get("iteration_s") is not None:
             reports["autotune"]["confirm"] = dict(confirm, iteration_s=confirm["iteration_s"] / k)
         if "ranks" in reports:
-            reports["ranks"]["backward_s"] = [None if s is None else s / k for s in reports["ranks"]["backward_s"]]
+            ranks = reports["ranks"]
+            for field_name in ("backward_s", "link_out_s"):  # per rank (the ring probe's: 3+ ranks only)
+                if ranks.get(field_name) is not None:
+                    ranks[field_name] = [None if s is None else s / k for s in ranks[field_name]]
         return dataclasses.replace(self, times=[t / k for t in self.times], **reports)
 
 

@@ -28,6 +28,20 @@ slow round is a hiccup), counting only rounds :data:`BURST_RATIO` times the othe
 (None, 1, 2, 4, 2.0)
 >>> compare_ranks([0.200, 0.201], [[0.2] * 4, [0.4, 0.2, 0.2, 0.2]]).burst_rank is None  # one slow round
 True
+
+A rank whose link is slower (a bad cable, a shared port) leaves every rank's backward pass as it
+was, and a ring collective goes at its pace on every rank alike, so neither tells it apart. With
+three ranks or more each rank times, once, a transfer to the next rank of the ring
+(:func:`gradsched.runtime.planning.probe.probe_ring`, the ranks taking turns); a rank's link
+carries both its transfer out and the one in from the rank before, so the rank whose faster
+of the two is :data:`LINK_RATIO` times the other ranks' median or slower is named
+(:func:`slow_link`: the others have at least one neighbour with a fast link). Two ranks share
+the one path between them: which end is slow cannot be told there.
+
+>>> slow_link([0.010, 0.040, 0.041, 0.010])  # rank 2's link 4x slower: 1->2 and 2->3 slow
+(2, 4.0, 0.01)
+>>> slow_link([0.010, 0.011, 0.010])[0] is None
+True
 """
 
 from __future__ import annotations
@@ -44,6 +58,10 @@ SLOW_RATIO = 1.10
 BURST_WINDOW = 64
 BURST_ROUNDS = 2
 BURST_RATIO = 1.5
+#: a rank whose transfers to and from its ring neighbours both take this many times the other ranks'
+#: median is named as having a slow link (transfers of the same bytes over equal links differ by a few
+#: percent)
+LINK_RATIO = 1.25
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,10 @@ class RanksReport:
     burst_rounds: int = 0  # how many of them were slow (BURST_RATIO times the others' median or more)
     burst_of: int = 0  # of how many of its rounds compared
     burst_slowest_s: float | None = None  # its slowest backward pass among them
+    link_out_s: tuple[float | None, ...] | None = None  # per rank, its probe transfer to the next rank (3+ ranks)
+    link_rank: int | None = None  # the rank whose link is slow (LINK_RATIO, see slow_link); else None
+    link_ratio: float = 1.0  # its faster transfer over the other ranks' median
+    link_median_s: float | None = None  # the other ranks' median (each rank's faster transfer, in or out)
 
     @property
     def burst_ratio(self) -> float | None:
@@ -78,19 +100,55 @@ class RanksReport:
                      f"in bursts: {self.burst_rounds} of its latest {self.burst_of} backward passes took "
                      f"{BURST_RATIO:.2f}x the other ranks' median or more, the slowest {self.burst_ratio:.2f}x "
                      f"({self.burst_slowest_s * 1e3:.1f} ms); plans stay on the medians")
+        if self.link_rank is not None:
+            text += (f"; rank {self.link_rank}'s link is slow: its transfers to and from its ring neighbours took "
+                     f"{self.link_ratio:.2f}x the other ranks' median ({self.link_ratio * self.link_median_s * 1e3:.1f} "
+                     f"ms against {self.link_median_s * 1e3:.1f} ms); every ring collective goes at its pace")
         return text
 
     @property
-    def verdict(self) -> tuple[int | None, int | None]:
-        """(the slow rank, the rank slow in bursts): what a change of is said."""
-        return self.slow_rank, self.burst_rank
+    def verdict(self) -> tuple[int | None, int | None, int | None]:
+        """(the slow rank, the rank slow in bursts, the rank with a slow link): what a change of is said."""
+        return self.slow_rank, self.burst_rank, self.link_rank
+
+    @property
+    def named(self) -> bool:
+        """Whether any rank is named (slow, slow in bursts, or its link slow)."""
+        return any(rank is not None for rank in self.verdict)
+
+
+def slow_link(out_s: Sequence[float | None]) -> tuple[int | None, float, float] | None:
+    """From each rank's probe transfer to the next rank of the ring (``out_s[r]``: rank r to
+    rank r+1, the last to rank 0; seconds): (the rank whose link is slow, or None; its faster
+    transfer, in or out, over the other ranks' median of theirs; that median). None with fewer
+    than three ranks, or where one has not measured."""
+    n = len(out_s)
+    if n < 3 or any(s is None or not s > 0 for s in out_s):
+        return None
+    faster = [min(out_s[r], out_s[r - 1]) for r in range(n)]  # rank r's out, and the one in from r - 1
+    slowest = max(range(n), key=lambda r: (faster[r], -r))
+    median = statistics.median(s for r, s in enumerate(faster) if r != slowest)
+    ratio = faster[slowest] / median
+    return (slowest if ratio >= LINK_RATIO else None), ratio, median
 
 
 def compare_ranks(backward_s: Sequence[float | None],
-                  spans: Sequence[Sequence[float]] | None = None) -> RanksReport | None:
+                  spans: Sequence[Sequence[float]] | None = None,
+                  link_out_s: Sequence[float | None] | None = None) -> RanksReport | None:
     """The report for every rank's median backward pass (seconds, in rank order; None where a
     rank measured none yet) and, where given, each rank's backward pass in each of its latest
-    rounds; None where fewer than two ranks measured one."""
+    rounds and its probe transfer to the next rank (:func:`slow_link`); None where fewer than
+    two ranks measured a backward pass."""
+    report = _compare_backward(backward_s, spans)
+    links = None if report is None or link_out_s is None else slow_link(link_out_s)
+    if links is None:
+        return report
+    rank, ratio, median = links
+    return replace(report, link_out_s=tuple(link_out_s), link_rank=rank, link_ratio=ratio, link_median_s=median)
+
+
+def _compare_backward(backward_s: Sequence[float | None],
+                      spans: Sequence[Sequence[float]] | None) -> RanksReport | None:
     measured = [(rank, s) for rank, s in enumerate(backward_s) if s is not None and s > 0]
     if len(measured) < 2:
         return None

@@ -45,7 +45,7 @@ from gradsched.runtime.errors import failing_rank
 from gradsched.runtime.comm.exchange import Exchange
 from gradsched.runtime.planning.link_model import LinkModel
 from gradsched.runtime.planning.measurements import Measurements
-from gradsched.runtime.planning.probe import probe_link
+from gradsched.runtime.planning.probe import probe_link, probe_ring
 from gradsched.runtime.planning.clock import Clock
 from gradsched.runtime.planning.prediction import TrialPredictor
 from gradsched.runtime.planning.profiling import RoundTiming
@@ -114,6 +114,7 @@ class Planner:
         self._unresolved: deque[RoundTiming] = deque(maxlen=BURST_WINDOW)
         self._spans: deque[float] = deque(maxlen=BURST_WINDOW)
         self._recorded = 0
+        self._link_out_s: float | None = None  # this rank's ring probe (3+ ranks), timed once: whose link is slow
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -191,6 +192,8 @@ class Planner:
                 probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
                 self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
                     partial(self.exchange.device.run, self.probe_group, probe))
+        if self.world_size >= 3 and self._link_out_s is None:
+            self._probe_ring()
         if self.world_size > 1:
             self._compare_ranks()
         proposal = (self._propose(round_index, point) or Proposal(None)) if self.rank == 0 else None
@@ -200,6 +203,19 @@ class Planner:
         if proposal.plan is not None:
             wire_format.check_plan(proposal.plan, self.tensors, "rank 0")
         self._adopt(proposal, round_index + 1)
+
+    def _probe_ring(self) -> None:
+        """Time this rank's link once, the link idle: a transfer to the next rank of the data
+        group's ring (gradsched.control.ranks.slow_link); only where the data group is the
+        workers (a group that also holds servers has other ranks)."""
+        group = self.probe_group
+        if dist.get_world_size(group) != self.world_size or dist.get_rank(group) != self.rank:
+            return
+        if self.settle:
+            self.settle()
+        with failing_rank("timing each rank's link", self.exchange.explain):
+            self._link_out_s = self.exchange.between_rounds(
+                partial(self.exchange.device.run, group, partial(probe_ring, group, self.device)))
 
     def _compare_ranks(self) -> None:
         """Every rank's backward pass and ready times, exchanged (every rank, at every control
@@ -211,24 +227,26 @@ class Planner:
             span = _backward_span(self.clock.resolve(self._unresolved.popleft()), len(self.names))
             if span is not None:
                 self._spans.append(span)
-        mine = RankTiming(_median_backward(timings), ready, list(self._spans))
+        mine = RankTiming(_median_backward(timings), ready, list(self._spans), self._link_out_s)
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
-        report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks])
+        links = [r.link_out_s for r in ranks] if self._link_out_s is not None else None
+        report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks], links)
         if report is None:
             return
         before, self.measured.ranks = self.measured.ranks, report
         slow = report.slow_rank
         self._slow_ready = ranks[slow].ready if slow is not None and len(ranks[slow].ready) == len(self.names) else None
-        if (before.verdict if before is not None else (None, None)) != report.verdict:
+        if (before.verdict if before is not None else (None, None, None)) != report.verdict:
             if self.rank == 0:
-                named = slow is not None or report.burst_rank is not None
-                logger.log(logging.WARNING if named else logging.INFO, "gradsched: %s", report.describe())
+                logger.log(logging.WARNING if report.named else logging.INFO, "gradsched: %s", report.describe())
             if self.trace is not None:
                 said = [f"slow rank {slow} ({report.ratio:.2f}x)"] if slow is not None else []
                 if report.burst_rank is not None:
                     said.append(f"rank {report.burst_rank} slow in bursts ({report.burst_rounds} of "
                                 f"{report.burst_of}, up to {report.burst_ratio:.2f}x)")
+                if report.link_rank is not None:
+                    said.append(f"rank {report.link_rank}'s link slow ({report.link_ratio:.2f}x)")
                 self.trace.mark("ranks", "; ".join(said) or "no slow rank",
                                 {"backward_ms": [None if s is None else s * 1e3 for s in report.backward_s]})
 

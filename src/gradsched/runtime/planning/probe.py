@@ -82,6 +82,46 @@ def probe_link(group: dist.ProcessGroup | None, device: torch.device | None = No
     return MeasuredLink(alone, pipelined, per_byte, cast)
 
 
+def probe_ring(group: dist.ProcessGroup | None, device: torch.device | None = None, *, nbytes: int = 4 << 20,
+               repeats: int = 3) -> float:
+    """Seconds this rank takes to send ``nbytes`` to the next rank of ``group`` (rank + 1, the
+    last to rank 0) and hear back that they arrived: the median of ``repeats`` after one
+    warm-up. The ranks take turns round the ring (rank 0 first, every other once the rank
+    before has sent it its own), so each transfer has the two links it crosses to itself and
+    times them alone (gradsched.control.ranks.slow_link names a rank whose link is slow)."""
+    device = device or torch.device("cpu")
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    after, before = (rank + 1) % size, (rank - 1) % size
+    payload = torch.zeros(max(1, nbytes // 4), device=device)
+    received = torch.empty_like(payload)
+    ack = torch.zeros(1, device=device)
+
+    def settle() -> None:  # on CUDA the host waits for what was queued (NCCL's send and recv return at once)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def pass_on() -> None:  # take the transfer from the rank before, and say it arrived
+        dist.recv(received, group_src=before, group=group)
+        dist.send(ack, group_dst=before, group=group)
+
+    def turn() -> float:
+        if rank != 0:
+            pass_on()
+        settle()
+        start = time.perf_counter()
+        dist.send(payload, group_dst=after, group=group)
+        dist.recv(ack, group_src=after, group=group)
+        settle()
+        took = time.perf_counter() - start
+        if rank == 0:
+            pass_on()
+        return took
+
+    turn()
+    times = sorted(turn() for _ in range(repeats))
+    return times[len(times) // 2]
+
+
 def _all_at_once(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
     for work in [dist.all_reduce(t, group=group, async_op=True) for t in tensors]:
         work.wait()
