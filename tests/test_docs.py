@@ -38,7 +38,9 @@ def prose_only(name: str) -> bool:
 # the scaling tables of docs/bench.md (benchmarks/scaling.py): each model's runs, one per worker count at its
 # balance point, and the counts predicted only
 SCALING = {("bench-straggler-none-resnet50-k3", "bench-scaling-resnet50-4w-k7", "bench-scaling-resnet50-8w-k20"): [16],
-           ("bench-bs-derived-vgg16-b96-k3", "bench-scaling-vgg16-4w-k7"): [8, 16]}
+           ("bench-bs-derived-vgg16-b96-k3", "bench-scaling-vgg16-4w-k7"): [8, 16],
+           ("bench-bs-derived-vgg16-b96-k3", "bench-scaling-vgg16-4w-k7", "bench-scaling-vgg16-8w-k13"): [16],
+           ("bench-bs-derived-transformer-b96-k3", "bench-scaling-transformer-4w-k12"): [8, 16]}
 BENCH_TITLE = re.compile(r"^\*\*[\w-]+\*\*, \d+ workers", re.M)
 
 
