@@ -123,7 +123,8 @@ def test_the_overhead_and_cpu_cost_tables_are_what_their_json_prints():
         *(f"cpu-cost-{model}-h100{plans}{after}" for model in ("resnet50", "transformer") for plans in ("", "-plans")
           for after in ("", "-after")),
         "cpu-cost-resnet50-h100-plans-launch30", "cpu-cost-transformer-h100-plans-launch30",
-        "cpu-cost-transformer-h100-plans-copies")})
+        "cpu-cost-transformer-h100-plans-copies",
+        *(f"cpu-cost-{model}-h100-plans-quiet{n}" for model in ("resnet50", "transformer") for n in (1, 2)))})
     for name, table in shown.items():
         assert table in PAGES["docs/bench.md"], name
     for page, text in PAGES.items():  # and no other loopback table is shown anywhere
