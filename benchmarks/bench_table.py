@@ -77,7 +77,8 @@ def table(data: dict) -> str:
         named = sorted({said for r in results if (said := named_slow(r.get("ranks")))})
         whose = ("communication is through its link" if straggler.link else "compute and the bound are its"
                  if straggler.steady else "compute is the mean over its bursts, each cell the mean iteration")
-        dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'})"
+        own = "; rank 0 planned on its own ready times" if data.get("plan_on_slow_rank") is False else ""
+        dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'}{own})"
 
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')}){dilated}", "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "

@@ -71,6 +71,15 @@ def test_each_rank_builds_its_replay_with_its_own_steady_factor():
     assert bursts.mean_factor == pytest.approx(1.25)
 
 
+def test_own_plans_turn_planning_on_the_slow_rank_off_in_every_gradsched_run():
+    from gradsched.bench.launch import payload
+
+    assert _config("--model", "replay-mini", "--straggler", "1:1.5").plan_on_slow_rank is True
+    config = _config("--model", "replay-mini", "--straggler", "1:1.5", "--own-plans")
+    assert config.plan_on_slow_rank is False
+    assert WorkerConfig.from_json(payload(config, None, None)).plan_on_slow_rank is False
+
+
 def test_every_rank_is_told_the_straggler():
     for straggler in (Straggler(1, 2.0), Straggler(1, 2.0, link=True), Straggler(0, 3.0, slow=2, period=5)):
         config = WorkerConfig("replay-mini", 32, "v100", 3, 1, (), 3, True, straggler=straggler)

@@ -10,6 +10,20 @@ import pytest
 from workers.launch import run_ranks
 
 
+def test_a_slow_rank_named_is_planned_on_only_where_asked(tmp_path):
+    """wrap(plan_on_slow_rank=False): the slow rank is still named, but rank 0's plans are made on its
+    own ready times, so the plan's predicted span is about the fast backward pass (6 layers of 1 ms, the slow
+    rank's of 8 ms)."""
+    out = tmp_path / "out.json"
+    results = run_ranks("straggler", 2, str(out), "1", str(tmp_path / "trace.json"), "own", timeout=180)
+    for r in results:
+        assert r.returncode == 0, r.stderr[-4000:]
+    for report in json.loads(out.read_text()):
+        assert report["slow_rank"] == 1 and report["max_abs_diff"] == 0.0
+        fast, slow = report["ranks"]["backward_s"]
+        assert report["span_s"] < 0.5 * slow, (report["span_s"], fast, slow)
+
+
 def test_a_slow_rank_is_named_everywhere_and_planned_on(tmp_path):
     out = tmp_path / "out.json"
     results = run_ranks("straggler", 2, str(out), "1", str(tmp_path / "trace.json"), timeout=180)

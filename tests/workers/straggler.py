@@ -1,11 +1,12 @@
 """Worker: one slow rank, named by every rank, and the plans made on its ready times; rank 0
 writes each rank's report.
 
-    python -m workers.straggler OUT.json SLOW_RANK TRACE [bursts]
+    python -m workers.straggler OUT.json SLOW_RANK TRACE [bursts|own]
 
 Six 256x256 layers whose backward passes take 1 ms each (a sleep, as a device computes),
 4 ms on rank SLOW_RANK (a straggler 4x slower); with ``bursts``, 5 ms each and 40 ms on that
-rank in every fourth step only, so that its median stays fast. prophet's own plans, re-planned
+rank in every fourth step only, so that its median stays fast; with ``own``, rank 0 plans on its
+own ready times (``plan_on_slow_rank=False``), the slow rank's layers 8 ms. prophet's own plans, re-planned
 every 4 backward passes. Every rank reports what ``stats`` says of the ranks, the predicted
 span of the plan in use (made on the slow rank's ready times: about its backward pass, not the
 fast ranks'), what the ``gradsched`` logger said, and whether it trains as DDP does.
@@ -63,10 +64,13 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, slow = dist.get_rank(), int(sys.argv[2])
 bursts = sys.argv[4:] == ["bursts"]
+own = sys.argv[4:] == ["own"]  # rank 0 plans on its own ready times (plan_on_slow_rank=False)
 step = [0]
-fast_s, slow_s = (0.005, 0.04) if bursts else (0.001, 0.004)  # bursts: long enough that noise stays under 10%
+fast_s, slow_s = (0.005, 0.04) if bursts else (0.001, 0.008 if own else 0.004)  # bursts: long enough that
+# noise stays under 10%; own: the slow rank far enough behind that a plan on the fast ranks' times is told apart
 model, opt = fresh(lambda: slow_s if rank == slow and (not bursts or step[0] % 4 == 0) else fast_s)
-model, opt = gradsched.wrap(model, opt, "prophet", fallback=False, replan_every=4, trace=sys.argv[3])
+model, opt = gradsched.wrap(model, opt, "prophet", fallback=False, replan_every=4, trace=sys.argv[3],
+                            plan_on_slow_rank=not own)
 train(model, opt, rank, step)
 opt.synchronize()
 stats = opt.stats

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                        help=f"frame size of the emulated links in bytes (default {JUMBO_MTU}: jumbo frames, "
                             "docs/bench.md)")
     bench.add_argument("--latency", default="0", help="added one-way latency per link, e.g. 1ms (default 0)")
+    bench.add_argument("--own-plans", action="store_true",
+                       help="with a straggler: rank 0 plans on its own ready times, not on the slow rank's (what "
+                            "planning on the slow rank gains, measured apart; wrap(plan_on_slow_rank=False))")
     bench.add_argument("--straggler", metavar="RANK:FACTOR[:link][:burst=S/P]",
                        help="one slow worker: RANK's replayed compute FACTOR times slower throughout, e.g. 1:1.5 "
                             "(the bound and the predictions take the slow rank's compute, which every collective "
@@ -126,7 +129,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         servers=args.servers, autotune_trials=args.autotune, balance=args.balance, clip=args.clip, sharded=args.sharded,
         fully_sharded=args.fully_sharded,
         compression=args.compression, dilation=_dilation(args.dilation), mtu=args.mtu,
-        straggler=None if args.straggler is None else _straggler(args.straggler),
+        straggler=None if args.straggler is None else _straggler(args.straggler), plan_on_slow_rank=not args.own_plans,
     )
 
 

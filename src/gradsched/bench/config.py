@@ -55,6 +55,7 @@ class BenchConfig:
     dilation: float | str = 1.0  # time dilation K (gradsched.bench.dilation), or "auto"
     mtu: int = JUMBO_MTU  # frame size on the emulated links (gradsched.bench.netns)
     straggler: Straggler | None = None  # one slow worker: its compute or its link, throughout or in bursts
+    plan_on_slow_rank: bool = True  # gradsched's runs: plans on a slow rank's ready times (wrap's option)
 
     def __post_init__(self) -> None:
         if self.workers < 2:

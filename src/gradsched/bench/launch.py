@@ -23,7 +23,8 @@ def payload(config: BenchConfig, runs: Sequence[Run] | None, iters: int | None) 
         profile_rounds=config.profile_rounds, fallback=config.fallback,
         options={p: config.policy_options(p) for p in config.policies if p not in BASELINES},
         arch=config.arch, servers=config.servers, compression=config.compression,
-        dilation=float(config.dilation), trace_dir=config.trace_dir, straggler=config.straggler).to_json()
+        dilation=float(config.dilation), trace_dir=config.trace_dir, straggler=config.straggler,
+        plan_on_slow_rank=config.plan_on_slow_rank).to_json()
 
 
 def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],

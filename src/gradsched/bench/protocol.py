@@ -70,6 +70,7 @@ class WorkerConfig:
     dilation: float = 1.0
     trace_dir: str | None = None
     straggler: Straggler | None = None  # one slow rank (gradsched.bench.straggler)
+    plan_on_slow_rank: bool = True  # wrap's option of the same name
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

@@ -28,6 +28,7 @@ def settings_json(config: BenchConfig, settings: Sequence[Setting]) -> dict:
         "procs_per_node": config.procs_per_node,
         "launcher": config.launcher,
         "straggler": config.straggler.as_json() if config.straggler is not None else None,
+        "plan_on_slow_rank": config.plan_on_slow_rank,
         "mtu": config.mtu,
         "dilation": settings[0].dilation if settings else 1.0,
         "dilation_auto": None if not settings or settings[0].dilation_busy is None else {
@@ -77,7 +78,8 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         if config.straggler is not None:
-            lines.append(f"  straggler: {config.straggler.describe()}; " + (
+            lines.append(f"  straggler: {config.straggler.describe()}; "
+                         + ("" if config.plan_on_slow_rank else "rank 0 plans on its own ready times (--own-plans); ") + (
                 "communication below is through its link" if config.straggler.link else
                 "compute below is its (the bound's)" if config.straggler.steady else
                 "compute below is the mean over its bursts, the bound the mean of each iteration's, the rows "

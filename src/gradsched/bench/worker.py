@@ -224,7 +224,8 @@ class _Rank:
         model, opt = gradsched.wrap(model, opt, base, trace=trace, profile_rounds=config.profile_rounds,
                                     compression=config.compression,
                                     fallback=config.fallback, trial_rounds=TRIAL_ROUNDS, autotune=bool(tune),
-                                    autotune_trials=max(tune, 2), policy_options=config.options.get(base), **ps)
+                                    autotune_trials=max(tune, 2), policy_options=config.options.get(base),
+                                    plan_on_slow_rank=config.plan_on_slow_rank, **ps)
         if opt is None:
             return None
         # untimed: profiling and the measured arms (the buckets, tuner candidates; see

@@ -85,6 +85,8 @@ class RuntimeConfig:
     # -- plans --
     profile_rounds: int = 3  # backward passes measured (after the first) before the first measured plan
     replan_every: int = 50  # backward passes between later re-planning points; 0: never re-plan
+    plan_on_slow_rank: bool = True  # while a rank is named slow (its backward pass; gradsched.control.ranks),
+    #   rank 0 makes the plans on that rank's ready times, which every collective waits for; False: on its own
     fallback: bool = True  # measure the policy against DDP-style buckets (fifo) at the first control point and
     #   keep the buckets unless the policy is faster by fallback_gain (the buckets themselves measured 3-5%
     #   slower than DDP's C++ reducer on loopback: docs/bench.md, "Runtime overhead on loopback")
