@@ -60,3 +60,28 @@ def test_the_report_names_the_sizes_a_policy_derived():
     assert derived_options("bytescheduler", options) == {"credit_bytes": 12 << 20, "partition_bytes": 4 << 20}
     assert derived_options("prophet", {"partition_bytes": 1 << 18, "credit_bytes": 16 << 20}) == {}
     assert derived_options("bytescheduler", None) == {} and derived_options("buckets 25 MB", options) == {}
+
+
+def test_rank_zeros_lines_route_progress_and_finished_runs_apart_from_the_result():
+    """Each run's end is reported as it comes (a timeout later still names it); the result is
+    the one line of another kind; the rest of rank 0's output is left alone."""
+    import json
+    import os
+
+    from gradsched.bench.processes import read_result
+    from gradsched.bench.protocol import MARK
+
+    lines = [MARK + json.dumps({"kind": "progress", "policy": "ddp", "index": 0, "total": 3}),
+             "a line of the user's own",
+             MARK + json.dumps({"kind": "finished", "policy": "ddp", "median_s": 0.3}),
+             MARK + json.dumps({"kind": "result", "policies": {}})]
+    reading, writing = os.pipe()
+    os.write(writing, ("\n".join(lines) + "\n").encode())
+    os.close(writing)
+    heard = []
+    try:
+        result = read_result(reading, heard.append)
+    finally:
+        os.close(reading)
+    assert [m["kind"] for m in heard] == ["progress", "finished"] and heard[1]["median_s"] == 0.3
+    assert result == {"kind": "result", "policies": {}}

@@ -27,6 +27,22 @@ def payload(config: BenchConfig, runs: Sequence[Run] | None, iters: int | None) 
         plan_on_slow_rank=config.plan_on_slow_rank).to_json()
 
 
+def timed_out(config: BenchConfig, finished: Sequence[tuple[str, float]]) -> str:
+    """Why a launch failed on its timeout, with the runs that had finished by then and their
+    median iterations (undilated: the dilated times over K), which no table will show.
+
+    >>> config = BenchConfig(model="replay-mini", timeout_s=60.0, dilation=3.0)
+    >>> timed_out(config, [("ddp", 0.9), ("prophet", 0.75)])
+    'the benchmark ranks did not finish within 60 s (--timeout); finished before it (median iteration, undilated): ddp 300.0 ms, prophet 250.0 ms'
+    >>> timed_out(config, [])
+    'the benchmark ranks did not finish within 60 s (--timeout); no run had finished'
+    """
+    k = config.dilation if isinstance(config.dilation, (int, float)) else 1.0
+    said = ", ".join(f"{name} {seconds / k * 1e3:.1f} ms" for name, seconds in finished)
+    return (f"the benchmark ranks did not finish within {config.timeout_s:.0f} s (--timeout); "
+            + (f"finished before it (median iteration, undilated): {said}" if said else "no run had finished"))
+
+
 def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Callable[[dict], None],
            runs: Sequence[Run] | None = None, iters: int | None = None) -> RankReport:
     """Run the ranks once: ``runs`` (default: every run of the config), then the baselines."""
@@ -36,6 +52,14 @@ def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Calla
     watchdog = threading.Timer(config.timeout_s, processes.kill_all)
     watchdog.daemon = True
     reading, writing = os.pipe()  # rank 0's stdout: progress and the result
+    finished: list[tuple[str, float]] = []  # (run, its median iteration, dilated) as each run ends
+
+    def heard(message: dict) -> None:
+        if message["kind"] == "finished":
+            finished.append((message["policy"], message["median_s"]))
+        else:
+            progress(message)
+
     try:
         worker = ["-m", "gradsched.bench.worker", payload(config, runs, iters)]
         for start in starts(config.launcher == "torchrun", config.hosts, config.procs_per_node, cluster, worker, master,
@@ -44,11 +68,11 @@ def launch(config: BenchConfig, cluster: EmulatedCluster | None, progress: Calla
         os.close(writing)
         writing = None
         watchdog.start()
-        result = read_result(reading, progress)
+        result = read_result(reading, heard)
         for proc in processes.procs:
             proc.wait()
         if processes.expired.is_set():
-            raise TimeoutError(f"the benchmark ranks did not finish within {config.timeout_s:.0f} s (--timeout)")
+            raise TimeoutError(timed_out(config, finished))
         failure = processes.failure(result)
         if failure is not None:
             raise RuntimeError(failure)

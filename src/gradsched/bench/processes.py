@@ -108,7 +108,7 @@ def read_result(reading: int, progress: Callable[[dict], None]) -> dict | None:
     for line in os.fdopen(reading, closefd=False):
         if line.startswith(MARK):
             message = json.loads(line[len(MARK):])
-            if message["kind"] == "progress":
+            if message["kind"] in ("progress", "finished"):  # a run begins; a run has finished
                 progress(message)
             else:
                 result = message

@@ -345,6 +345,8 @@ def run(config: WorkerConfig) -> None:
         result = rank.ddp(one) if one.is_ddp else rank.fsdp(one) if one.is_fsdp else rank.gradsched(one)
         if result is not None:
             results[one.name] = {**result, **rank.memory.stop()}
+            # said at once: a run that times out later still tells what finished (dilated seconds)
+            emit("finished", policy=one.name, median_s=statistics.median(result["times"]))
     baselines = rank.baselines()  # the servers take part in communication only
     if baselines is not None:
         emit("result", policies=results, **baselines)
