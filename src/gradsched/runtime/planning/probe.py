@@ -31,18 +31,25 @@ def median_time(action: Callable[[], object], repeats: int, warmup: int = 1,
     """Median wall time of ``action`` over ``repeats`` runs after ``warmup`` untimed ones (on
     CUDA, with the device synchronised around each)."""
     cuda = device is not None and device.type == "cuda"
-    for _ in range(warmup):
-        action()
-    times = []
-    for _ in range(repeats):
+
+    def timed() -> float:
         if cuda:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         action()
         if cuda:
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+        return time.perf_counter() - start
+
+    return _median_of(timed, repeats, warmup)
+
+
+def _median_of(timed: Callable[[], float], repeats: int, warmup: int = 1) -> float:
+    """The median of what ``timed`` measures (seconds) over ``repeats`` calls after ``warmup``
+    uncounted ones (the upper one of an even count)."""
+    for _ in range(warmup):
+        timed()
+    return sorted(timed() for _ in range(repeats))[repeats // 2]
 
 
 def cast_cost(wire: torch.dtype, device: torch.device | None = None, elements: int = 2 << 20,
@@ -117,9 +124,7 @@ def probe_ring(group: dist.ProcessGroup | None, device: torch.device | None = No
             pass_on()
         return took
 
-    turn()
-    times = sorted(turn() for _ in range(repeats))
-    return times[len(times) // 2]
+    return _median_of(turn, repeats)
 
 
 def _all_at_once(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
