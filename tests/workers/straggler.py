@@ -76,10 +76,12 @@ opt.synchronize()
 stats = opt.stats
 run = opt._coordinator.run
 span_s = run.measured.plan_for(stats.rounds + 1).span_s
+planned_on = run.measured.planned_on  # rank 0: whose ready times its latest plan was made on
 opt.close()
 reference, ref_opt = fresh(lambda: 0.0)
 train(DDP(reference), ref_opt, rank)
 report = {"slow_rank": stats.slow_rank, "ranks": stats.as_dict()["ranks"], "span_s": span_s, "said": said.lines,
+          "planned_on": planned_on,
           "max_abs_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))}
 everyone = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, report)

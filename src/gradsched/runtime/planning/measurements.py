@@ -41,6 +41,7 @@ class Measurements:
     owners: Mapping[str, Sequence[str]] = field(default_factory=dict)  # module -> the parameters it waits for
     sizes: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # parameter -> (elements, bytes each)
     ranks: RanksReport | None = None  # every rank's backward pass at the latest control point, and the slow one
+    planned_on: int | None = None  # rank 0: the rank whose ready times its latest proposal was made on
 
     def adopt(self, plan: Plan, first_round: int) -> None:
         """``plan`` is followed from round ``first_round`` on."""

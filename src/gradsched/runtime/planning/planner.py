@@ -309,9 +309,11 @@ class Planner:
         if not timings and point.stage == Stage.REPLAN:  # the first round warms up; rounds with unused
             return None  # parameters are skipped
         ready = _median_ready(timings, self.names) if timings else default_ready_times(self.tensors)
+        self.measured.planned_on = self.rank
         if self._slow_ready is not None and self.config.plan_on_slow_rank:  # every collective waits for the slow
             # rank: its gaps are the ones to fill
             ready = dict(zip(self.names, self._slow_ready))
+            self.measured.planned_on = self.measured.ranks.slow_rank
         link = self.predictor.estimated_link()
         prediction = self.predictor.prediction(timings, link, self.link) if point == ControlPoint(Stage.ARM, 0) else None
         arm = decision = None
