@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -136,7 +137,9 @@ def test_plan_changes_are_logged(world_of_one, caplog):
     first = wrapped.stats.as_dict()["switches"][0][0]
     wrapped.close()
     said = [r.getMessage() for r in caplog.records if r.name == "gradsched" and r.levelno == logging.INFO]
-    assert said == [f"gradsched: from backward pass {first} on: a bytescheduler plan of 6 messages"]  # re-plans: DEBUG
+    # one line, the change of policy (re-plans: DEBUG); how many messages the plan has follows this host's timings
+    assert len(said) == 1 and re.fullmatch(rf"gradsched: from backward pass {first} on: a bytescheduler plan of \d+ "
+                                           r"messages", said[0]), said
 
 
 def test_a_measured_profile_round_trips_through_the_simulator(world_of_one, tmp_path, capsys):
