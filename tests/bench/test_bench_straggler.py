@@ -3,6 +3,7 @@ checked, passed to the ranks, and what the bound and the predictions take for co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -40,6 +41,7 @@ def test_the_straggler_is_a_rank_and_a_factor_of_a_replayed_worker():
     ("1:1.5:link", Straggler(1, 1.5, link=True)),
     ("0:2:burst=1/4", Straggler(0, 2.0, slow=1, period=4)),
     ("1:3:burst=3/8", Straggler(1, 3.0, slow=3, period=8)),
+    ("1:3:link:burst=100ms/0.4s", Straggler(1, 3.0, link=True, slow_s=0.1, period_s=0.4)),
 ])
 def test_a_straggler_slows_its_link_or_computes_slower_in_bursts(text, expected):
     parsed = _config("--model", "replay-mini", "--iters", "8", "--straggler", text).straggler
@@ -49,7 +51,9 @@ def test_a_straggler_slows_its_link_or_computes_slower_in_bursts(text, expected)
 
 @pytest.mark.parametrize("text, message", [
     ("1:1.5:fast", "neither 'link' nor"), ("1:1.5:link:link", "repeats"), ("1:2:burst=4/4", "0 < SLOW < PERIOD"),
-    ("1:2:burst=0/4", "0 < SLOW < PERIOD"), ("1:2:link:burst=1/4", "a slower link is steady"),
+    ("1:2:burst=0/4", "0 < SLOW < PERIOD"), ("1:2:link:burst=1/4", "by the clock"),
+    ("1:2:burst=10ms/40ms", "whole steps"), ("1:2:link:burst=40ms/40ms", "0 < SLOW < PERIOD"),
+    ("1:2:link:burst=10/40ms", "durations"),
     ("1:0.5:link", "must be > 1"), ("1:2:burst=1/3", "whole number of periods"),
 ])
 def test_bad_stragglers_are_refused_with_the_reason(text, message):
@@ -57,10 +61,16 @@ def test_bad_stragglers_are_refused_with_the_reason(text, message):
         _config("--model", "replay-mini", "--iters", "8", "--straggler", text)
 
 
-def test_a_slower_link_needs_no_replay_but_one_rank_per_host():
+def test_a_slower_link_needs_no_replay_but_one_rank_per_host_and_a_shaped_link():
     assert BenchConfig(model="mlp", straggler=Straggler(1, 2.0, link=True)).straggling == 1.0  # computes as the others
-    with pytest.raises(ValueError, match="one rank per host"):
-        BenchConfig(model="replay-mini", workers=4, procs_per_node=2, straggler=Straggler(1, 2.0, link=True))
+    link, bursts = Straggler(1, 2.0, link=True), Straggler(1, 2.0, link=True, slow_s=0.1, period_s=0.4)
+    for straggler, settings, message in [
+        (link, {"workers": 4, "procs_per_node": 2}, "one rank per host"),
+        (link, {"loopback": True}, "tc-limited link"), (bursts, {"bandwidths_bps": (1e9, None)}, "tc-limited link"),
+        (bursts, {"arch": "ps", "servers": 1, "policies": ("fifo",)}, "without --arch ps"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            BenchConfig(model="replay-mini", straggler=straggler, iters=4, **settings)
 
 
 def test_each_rank_builds_its_replay_with_its_own_steady_factor():
@@ -141,6 +151,24 @@ def test_bursts_are_counted_as_they_come_mean_compute_mean_bound_mean_iteration(
     assert setting.dependency_bound_s is not None
 
 
+def test_a_link_in_bursts_is_measured_by_its_mean_over_the_clock():
+    """A link 3x slower for 1 s of every 2 s: communication alone is the mean of its rounds (its
+    rate averaged over the clock), the bound max(compute, that), the rows means, each with the
+    periods its timed window lasted; the prediction is the simulator's on the mean link."""
+    bursts = Straggler(1, 3.0, link=True, slow_s=1.0, period_s=2.0)
+    assert bursts.rate_share == pytest.approx(0.5 + 0.5 / 3)
+    config = BenchConfig(model="replay-mini", policies=("fifo",), iters=4, straggler=bursts)
+    raw = dataclasses.replace(_raw([0.1] * 4, [0.4, 0.1, 0.4, 0.1]), comm=[0.15, 0.05, 0.05, 0.15, 0.05])
+    setting = figures(config, 1e9, True, raw)
+    assert setting.comm_s == pytest.approx(0.09) and setting.bound_s == pytest.approx(0.1)  # not the median 0.05
+    row = setting.rows[0]
+    assert row.iteration_s == pytest.approx(0.25) and row.periods == pytest.approx(0.5)
+    assert row.as_json(False)["periods"] == pytest.approx(0.5)
+    plain = dataclasses.replace(_raw([0.1] * 4, [0.1] * 4), comm=[0.09] * 3)
+    steady = figures(BenchConfig(model="replay-mini", policies=("fifo",), iters=4), 1e9, True, plain).rows[0]
+    assert row.predicted_s == pytest.approx(steady.predicted_s) and "periods" not in steady.as_json(False)
+
+
 def test_a_dilated_runs_ranks_report_is_undilated_with_its_times():
     report = RunReport([0.3], ranks={"backward_s": [0.3, None, 0.6], "median_s": 0.45, "slow_rank": 2, "ratio": 1.33})
     ranks = report.undilated(3).ranks
@@ -193,7 +221,7 @@ def test_simulate_runs_a_ring_at_the_slow_links_pace(capsys):
 
 
 @pytest.mark.slow  # CI: the smoke run keeps the bench working; the straggler's parts are tested above, one by one
-@pytest.mark.parametrize("straggler", ["1:3:link", "1:3:burst=1/2"])
+@pytest.mark.parametrize("straggler", ["1:3:link", "1:3:burst=1/2", "1:3:link:burst=50ms/100ms"])
 def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler):
     """Real ranks on the emulated cluster: a link 3x slower makes communication alone about
     3x as long as the link's share of the same run without it; bursts (every other iteration
@@ -217,6 +245,10 @@ def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler):
     if straggler.endswith("link"):
         assert 2.5 < slow["comm_s"] / plain["comm_s"] < 3.5
         assert slow["compute_s"] == pytest.approx(plain["compute_s"], rel=0.2)
+    elif "link" in straggler:  # half the time at a third of the rate: 2/3 of it on average, comm 1.5x
+        assert 1.2 < slow["comm_s"] / plain["comm_s"] < 1.8
+        assert slow["compute_s"] == pytest.approx(plain["compute_s"], rel=0.2)
+        assert all(r["periods"] > 4 for r in runs[True]["results"])
     else:
         assert slow["compute_modes"] is not None and 1.7 < slow["compute_s"] / plain["compute_s"] < 2.3
     assert all(r["predicted_s"] for r in runs[True]["results"] if r["policy"] == "prophet")

@@ -85,3 +85,28 @@ def test_rank_zeros_lines_route_progress_and_finished_runs_apart_from_the_result
         os.close(reading)
     assert [m["kind"] for m in heard] == ["progress", "finished"] and heard[1]["median_s"] == 0.3
     assert result == {"kind": "result", "policies": {}}
+
+
+def test_a_failed_run_shows_the_rank_that_crashed_not_the_one_whose_peer_went_away():
+    """Rank 0 fails only because rank 1 crashed (gloo: connection closed by peer): the error
+    shows rank 1's log; a run where every failure is of that kind shows the first."""
+    import subprocess
+    import sys
+
+    from gradsched.bench.processes import Processes
+
+    def run(*said: str) -> str:
+        processes = Processes(None, torchrun=False)
+        try:
+            for text in said:
+                processes.start(0, [sys.executable, "-c", f"import sys; sys.exit({text!r})"], {}, subprocess.DEVNULL)
+            for proc in processes.procs:
+                proc.wait(timeout=60)
+            return processes.failure(None)
+        finally:
+            processes.close()
+
+    crashed = run("RuntimeError: Connection closed by peer [10.0.0.2]:1", "ZeroDivisionError: integer modulo by zero")
+    assert crashed.startswith("benchmark rank 1 failed") and "ZeroDivisionError" in crashed
+    both = run("Connection reset by peer", "Connection closed by peer")
+    assert both.startswith("benchmark rank 0 failed") and "reset" in both

@@ -65,8 +65,9 @@ def add_parser(sub) -> None:
                        help="one slow worker: RANK's replayed compute FACTOR times slower throughout, e.g. 1:1.5 "
                             "(the bound and the predictions take the slow rank's compute, which every collective "
                             "waits for); :link slows its link instead (both directions); :burst=S/P slows its "
-                            "compute in S of every P iterations, and the rows are then means over the timed "
-                            "iterations (--iters a multiple of P)")
+                            "compute in S of every P iterations (--iters a multiple of P), or its link for S of "
+                            "every P seconds by the clock (durations: :link:burst=100ms/400ms, undilated); with "
+                            "bursts the rows are means over the timed iterations")
     bench.add_argument("--policy", default=DEFAULT_POLICIES,
                        help=f"comma list of {', '.join(BASELINES)} and the policies (default {DEFAULT_POLICIES})")
     bench.add_argument("--iters", type=int, default=30, help="timed iterations per policy (default 30)")

@@ -109,6 +109,12 @@ class BenchConfig:
             if self.straggler.link and self.procs_per_node > 1:
                 raise ValueError("--straggler ...:link slows a host's link, which --procs-per-node > 1 shares among "
                                  "its ranks: run one rank per host")
+            if self.straggler.link and (self.loopback or None in self.bandwidths_bps):
+                raise ValueError("--straggler ...:link slows a tc-limited link: give --bandwidth (no 'none' in a "
+                                 "sweep) and drop --loopback")
+            if self.straggler.link_bursts and self.with_servers:
+                raise ValueError("--straggler ...:link:burst=S/P is measured among all-reduce workers: without "
+                                 "--arch ps (communication only through the servers is not timed in bursts)")
 
     @property
     def straggling(self) -> float:

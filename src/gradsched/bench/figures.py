@@ -33,6 +33,7 @@ class Row:
     speedup_vs_fifo: float | None = None  # parameter servers: against fifo through them
     predicted_s: float | None = None  # the simulator's, for what ran
     host_cpu_busy: float | None = None
+    periods: float | None = None  # a link slowed in bursts by the clock: how many of its periods the timed window lasted
     report: RunReport = field(default_factory=lambda: RunReport([]))  # what the rank reported of the run
 
     @property
@@ -55,8 +56,10 @@ class Row:
                 "ratio_to_dependency_bound": self.ratio_to_dependency_bound, "speedup_vs_ddp": self.speedup_vs_ddp}
         if with_servers:
             data["speedup_vs_fifo"] = self.speedup_vs_fifo
-        return {**data, "predicted_s": self.predicted_s, "host_cpu_busy": self.host_cpu_busy,
-                **self.report.described()}
+        data.update(predicted_s=self.predicted_s, host_cpu_busy=self.host_cpu_busy)
+        if self.periods is not None:
+            data["periods"] = self.periods
+        return {**data, **self.report.described()}
 
 
 @dataclass
@@ -95,7 +98,11 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
     # every collective, and so every iteration, waits for the slowest rank: its compute is the cluster's
     modes = compute_modes(config, raw.compute)
     compute = sum(weight * seconds for weight, seconds in modes)  # the mean over a whole number of bursts
-    ring = statistics.median(raw.comm)
+    # a link slowed in bursts by the clock: the mean over its rounds (many periods) is its rate averaged over
+    # the clock, what every schedule's bytes meet alike (gradsched.bench.link_bursts)
+    typical_comm = statistics.fmean if config.straggler is not None and config.straggler.link_bursts \
+        else statistics.median
+    ring = typical_comm(raw.comm)
     # the link as measured: latency and per-message overhead from tiny messages, and the
     # cost per byte from the communication-only time (a ring all-reduce among the workers)
     link = MeasuredLink(raw.latency, raw.overhead, ring / raw.gradient_bytes)
@@ -108,7 +115,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
                       modes=modes if len(modes) > 1 else None, cpu_compute=host_cpu.get(COMPUTE_ONLY), cpu_comm=host_cpu.get(COMM_ONLY),
                       comm_servers_s=statistics.median(raw.comm_servers) if raw.comm_servers else None,
                       cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
-                      comm_wire_s=statistics.median(raw.comm_wire) if raw.comm_wire else None,
+                      comm_wire_s=typical_comm(raw.comm_wire) if raw.comm_wire else None,
                       cast_s_per_byte=raw.cast_s_per_byte)
     predicting = cluster  # where gradsched's runs are predicted: compressed ones on the wire dtype's rate, with casts
     if setting.comm_wire_s is not None:
@@ -128,6 +135,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
                   medians[policy] / setting.dependency_bound_s if setting.dependency_bound_s else None,
                   speedup_vs_ddp=None if config.with_servers else speedup,
                   speedup_vs_fifo=speedup if config.with_servers else None, host_cpu_busy=host_cpu.get(policy),
+                  periods=sum(result.times) / config.straggler.period_s if typical_comm is statistics.fmean else None,
                   report=result)
         run = config.run_named(policy)
         base = run.policy

@@ -9,6 +9,7 @@ import threading
 from typing import Callable, Sequence
 
 from .config import BASELINES, BenchConfig
+from .link_bursts import LinkSwitch
 from .netns import EmulatedCluster
 from .processes import Processes, free_port, read_result, starts
 from .protocol import Run, WorkerConfig
@@ -94,6 +95,13 @@ def measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[di
         return launch(config, None, progress, runs, iters).undilated(k)
     rate = None if bandwidth is None else bandwidth / k
     straggler = config.straggler
-    slower = {straggler.rank: straggler.factor} if straggler is not None and straggler.link else None
+    steady = straggler is not None and straggler.link and straggler.steady
+    slower = {straggler.rank: straggler.factor} if steady else None
     with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu, slower=slower) as cluster:
-        return launch(config, cluster, progress, runs, iters).undilated(k)
+        if straggler is None or not straggler.link_bursts:
+            return launch(config, cluster, progress, runs, iters).undilated(k)
+        with LinkSwitch(cluster, straggler, k) as switch:  # by the clock, from before the ranks start
+            report = launch(config, cluster, progress, runs, iters)
+        if switch.errors:
+            raise RuntimeError(f"the straggler's link could not be switched: {switch.errors[0]}")
+        return report.undilated(k)

@@ -181,10 +181,25 @@ class EmulatedCluster:
             for where in ((ns, "eth0"), (None, f"{ns}h")):
                 self._shape(*where, rate)
 
+    def set_slower(self, rank: int, factor: float) -> None:
+        """Rank ``rank``'s link ``factor`` times slower than the others' from now on (1: as fast),
+        both directions changed in place: what is queued stays queued (a straggler's link in
+        bursts, gradsched.bench.link_bursts)."""
+        if not 0 <= rank < self.ranks or not factor >= 1:
+            raise ValueError(f"set_slower: a rank in 0..{self.ranks - 1} and a factor >= 1, got {rank}: {factor}")
+        if not self.bandwidth_bps:
+            raise ValueError("set_slower needs a bandwidth limit to slow")
+        self.slower[rank] = factor
+        ns = self.namespaces[rank]
+        for where in ((ns, "eth0"), (None, f"{ns}h")):
+            # the bucket keeps the fast rate's depth (a packet queued under a deeper bucket than
+            # the new one would never fit it, and the link would stall for good) and its queue in
+            # bytes (a switch's buffer: shrunk, it would drop what the sender had in flight)
+            self._bucket(*where, self.bandwidth_bps / factor, "change", depth_bps=self.bandwidth_bps)
+
     def _shape(self, ns: str | None, dev: str, bandwidth_bps: float | None) -> None:
         prefix = ["ip", "netns", "exec", ns] if ns else []
         _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-        parent = ["root"]
         if self.latency_s > 0:
             delay = f"{self.latency_s * 1e6:.0f}us"
             try:
@@ -193,14 +208,21 @@ class EmulatedCluster:
                 raise ClusterError(
                     f"cannot add latency: this kernel has no netem qdisc (sch_netem); run without --latency ({exc})"
                 ) from None
-            parent = ["parent", "1:1"]
         if bandwidth_bps:
-            rate = f"{bandwidth_bps:.0f}bit"
-            # a bucket of ~2 ms of traffic (at least 64 KiB: a GSO segment, and more than one frame)
-            # keeps tbf accurate at high rates
-            burst = max(65536, self.mtu + 1024, int(bandwidth_bps / 8 * 0.002))
-            _run(*prefix, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf", "rate", rate,
-                 "burst", str(burst), "latency", "100ms")
+            self._bucket(ns, dev, bandwidth_bps, "add")
+
+    def _bucket(self, ns: str | None, dev: str, bandwidth_bps: float, verb: str, depth_bps: float | None = None) -> None:
+        """Add (or change) ``dev``'s token bucket, behind the latency's netem where there is one
+        (its depth that of ``depth_bps`` if given, else of the rate)."""
+        prefix = ["ip", "netns", "exec", ns] if ns else []
+        parent = ["parent", "1:1"] if self.latency_s > 0 else ["root"]
+        # a bucket of ~2 ms of traffic (at least 64 KiB: a GSO segment, and more than one frame)
+        # keeps tbf accurate at high rates
+        burst = max(65536, self.mtu + 1024, int((depth_bps or bandwidth_bps) / 8 * 0.002))
+        # the queue: 100 ms of traffic at the rate (tbf's latency), or at depth_bps in bytes
+        queue = ["latency", "100ms"] if depth_bps is None else ["limit", str(int(depth_bps / 8 * 0.1) + burst)]
+        _run(*prefix, "tc", "qdisc", verb, "dev", dev, *parent, "handle", "10:", "tbf", "rate",
+             f"{bandwidth_bps:.0f}bit", "burst", str(burst), *queue)
 
     def _in(self, ns: str, *argv: str) -> None:
         _run("ip", "netns", "exec", ns, *argv)

@@ -115,6 +115,10 @@ def read_result(reading: int, progress: Callable[[dict], None]) -> dict | None:
     return result
 
 
+# what gloo says in a rank whose peer went away first (that peer's log says why)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
 class Processes:
     """The processes of one benchmark run, their logs, and a way to stop them all."""
 
@@ -147,14 +151,18 @@ class Processes:
             self.cluster.kill_processes()  # anything left in the namespaces
 
     def failure(self, result: dict | None) -> str | None:
-        """Why the run failed (the first failed process's log tail), or None."""
+        """Why the run failed, or None: the log tail of the first failed process that did not fail
+        only because a peer had gone (a rank whose peer crashed fails too, and first if it is rank 0)."""
         failed = [r for r, p in enumerate(self.procs) if p.returncode != 0]
         if not failed and result is not None:
             return None
-        log = self.logs[failed[0] if failed else 0]
-        log.seek(0)
-        who = f"{'host' if self.torchrun else 'rank'} {failed[0] if failed else 0}"
-        return f"benchmark {who} failed:\n{log.read()[-6000:]}"
+        tails = {}
+        for r in failed or [0]:
+            self.logs[r].seek(0)
+            tails[r] = self.logs[r].read()[-6000:]
+        first = next((r for r, tail in tails.items() if not any(said in tail for said in PEER_GONE)), next(iter(tails)))
+        who = f"{'host' if self.torchrun else 'rank'} {first}"
+        return f"benchmark {who} failed:\n{tails[first]}"
 
     def close(self) -> None:
         self.kill_all()

@@ -80,6 +80,9 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         if config.straggler is not None:
             lines.append(f"  straggler: {config.straggler.describe()}; "
                          + ("" if config.plan_on_slow_rank else "rank 0 plans on its own ready times (--own-plans); ") + (
+                "communication below is the mean over 8+ of its periods (its link's rate averaged over the clock: "
+                "the bound every schedule meets alike), the rows means over their timed iterations "
+                "(their periods covered: 'periods' in the JSON)" if config.straggler.link_bursts else
                 "communication below is through its link" if config.straggler.link else
                 "compute below is its (the bound's)" if config.straggler.steady else
                 "compute below is the mean over its bursts, the bound the mean of each iteration's, the rows "
@@ -133,6 +136,10 @@ def _rows(config: BenchConfig, s: Setting) -> list[str]:
         lines.append(f"  {row.policy:<{width}} {row.iteration_s * 1e3:9.1f} {row.ratio_to_bound:8.3f} "
                      f"{speedup} {predicted} {_percent(row.host_cpu_busy):>4} "
                      f"{_mib(row.report.peak_memory_bytes):>8} {_mib(row.report.peak_allocated_bytes):>9}  {plan}")
+    periods = [row.periods for row in s.rows if row.periods is not None]
+    if periods:
+        lines.append(f"  the link's bursts: each run's timed iterations lasted {min(periods):.1f}-{max(periods):.1f} "
+                     f"of its periods (a mean over a part period is off by up to that part's share)")
     named = [f"{row.policy} {said}" for row in s.rows if (said := named_slow(row.report.ranks))]
     if named or config.straggler is not None:
         lines.append("  slow rank named (its backward pass, or its link, against the other ranks' median): "

@@ -29,6 +29,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] | None = None
     ok, why = (False, "loopback was asked for") if config.loopback else available()
     if config.balance and not ok:
         raise RuntimeError(f"--balance needs the emulated network ({why})")
+    if config.straggler is not None and config.straggler.link and not ok:
+        raise RuntimeError(f"--straggler ...:link slows a link of the emulated network, which is unavailable ({why})")
     if not ok and warn:
         warn(f"no emulated network ({why}): running on loopback WITHOUT a bandwidth limit")
     busy, dilation_history = None, None

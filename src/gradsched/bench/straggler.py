@@ -3,11 +3,13 @@ compute or its link, and whether throughout or in bursts.
 
 A compute straggler's replayed layers take ``factor`` times their time on that rank (thermal
 throttling, a noisy neighbour); a link straggler's namespace link is ``factor`` times slower in
-both directions (a slower or shared NIC), so every ring all-reduce runs at its pace. Bursts slow
-the rank in ``slow`` of every ``period`` iterations (counted from each run's first step, the
-warm-up included, on that rank), and the bench then reports the mean over its timed iterations,
-which are a whole number of periods, instead of the median (the median would pick the fast or
-the slow iterations, whichever are more).
+both directions (a slower or shared NIC), so every ring all-reduce runs at its pace. Bursts of a
+slow compute come in ``slow`` of every ``period`` iterations (counted from each run's first step,
+the warm-up included, on that rank: a throttled GPU is slow for whole steps); bursts of a slow
+link come by the clock, ``slow_s`` of every ``period_s`` seconds (another tenant's traffic does
+not wait for our steps: gradsched.bench.link_bursts). With bursts the bench reports the mean
+over the timed iterations instead of the median (the median would pick the fast or the slow
+iterations, whichever are more).
 
 >>> s = Straggler.parse("1:1.5")
 >>> s.rank, s.factor, s.link, s.steady, s.describe()
@@ -17,6 +19,11 @@ the slow iterations, whichever are more).
 ([True, False, False, False, True], 1.25, 'rank 0 computes 2x slower in 1 of every 4 iterations')
 >>> Straggler.parse("1:1.5:link").describe()
 "rank 1's link is 1.5x slower"
+>>> t = Straggler.parse("2:3:link:burst=100ms/0.4s")
+>>> t.slow_s, t.period_s, t.link_bursts, t.describe()
+(0.1, 0.4, True, "rank 2's link is 3x slower for 100 ms of every 400 ms")
+>>> t.rate_share  # of the link's own rate, averaged over the clock: 3/4 fast, 1/4 at a third
+0.8333333333333334
 >>> Straggler.from_json([1, 1.5]) == s  # the form runs of an earlier version kept
 True
 """
@@ -26,7 +33,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-USAGE = "RANK:FACTOR[:link][:burst=SLOW/PERIOD], such as 1:1.5, 1:1.5:link or 1:2:burst=1/4"
+from ..units import format_duration, parse_duration
+
+USAGE = ("RANK:FACTOR[:link][:burst=SLOW/PERIOD], such as 1:1.5, 1:1.5:link, 1:2:burst=1/4 (iterations) or "
+         "1:2:link:burst=100ms/400ms (a link's, by the clock)")
 
 
 @dataclass(frozen=True)
@@ -34,8 +44,10 @@ class Straggler:
     rank: int
     factor: float  # that many times slower (> 1)
     link: bool = False  # its link in both directions, not its compute
-    slow: int = 0  # bursts: slow in the first ``slow`` of every ``period`` iterations (0: throughout)
+    slow: int = 0  # compute bursts: slow in the first ``slow`` of every ``period`` iterations (0: throughout)
     period: int = 0
+    slow_s: float = 0.0  # link bursts: slow for ``slow_s`` of every ``period_s`` seconds, undilated (0: throughout)
+    period_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.factor > 1:
@@ -45,8 +57,15 @@ class Straggler:
                 raise ValueError(f"--straggler's burst=SLOW/PERIOD needs 0 < SLOW < PERIOD (iterations), got "
                                  f"{self.slow}/{self.period}")
             if self.link:
-                raise ValueError("--straggler: a slower link is steady (its rate is set once per run); bursts slow a "
-                                 "rank's compute")
+                raise ValueError("--straggler: a link's bursts come by the clock, not by a rank's steps: "
+                                 "burst=SLOW/PERIOD as durations, e.g. 1:2:link:burst=100ms/400ms")
+        if self.slow_s or self.period_s:
+            if not 0 < self.slow_s < self.period_s:
+                raise ValueError(f"--straggler's burst=SLOW/PERIOD needs 0 < SLOW < PERIOD, got "
+                                 f"{self.slow_s:g} s/{self.period_s:g} s")
+            if not self.link:
+                raise ValueError("--straggler: a rank's compute is slow for whole steps: burst=SLOW/PERIOD in "
+                                 "iterations, e.g. 1:2:burst=1/4 (durations are for a link's bursts)")
 
     @classmethod
     def parse(cls, text: str) -> Straggler:
@@ -56,17 +75,25 @@ class Straggler:
             rank, factor = int(parts[0]), float(parts[1])
         except (ValueError, IndexError):
             raise ValueError(f"--straggler must be {USAGE}; got {text!r}") from None
-        link, slow, period = False, 0, 0
+        link, burst = False, None
         for part in parts[2:]:
-            burst = re.fullmatch(r"burst=(\d+)/(\d+)", part)
             if part == "link" and not link:
                 link = True
-            elif burst and not period:
-                slow, period = int(burst.group(1)), int(burst.group(2))
+            elif (found := re.fullmatch(r"burst=([^/]+)/([^/]+)", part)) and burst is None:
+                burst = found.group(1), found.group(2)
             else:
                 raise ValueError(f"--straggler must be {USAGE}; got {text!r} ({part!r} is neither 'link' nor "
                                  "burst=SLOW/PERIOD, or repeats)")
-        return cls(rank, factor, link, slow, period)
+        if burst is None:
+            return cls(rank, factor, link)
+        if all(b.isdigit() for b in burst):
+            return cls(rank, factor, link, slow=int(burst[0]), period=int(burst[1]))
+        try:
+            slow_s, period_s = parse_duration(burst[0]), parse_duration(burst[1])
+        except ValueError as exc:
+            raise ValueError(f"--straggler's burst=SLOW/PERIOD: iterations (1/4) or durations (100ms/400ms): "
+                             f"{exc}") from None
+        return cls(rank, factor, link, slow_s=slow_s, period_s=period_s)
 
     @classmethod
     def from_json(cls, data) -> Straggler | None:
@@ -77,20 +104,42 @@ class Straggler:
         return cls(**data)
 
     def as_json(self) -> dict:
-        return {"rank": self.rank, "factor": self.factor, "link": self.link, "slow": self.slow, "period": self.period}
+        return {"rank": self.rank, "factor": self.factor, "link": self.link, "slow": self.slow, "period": self.period,
+                "slow_s": self.slow_s, "period_s": self.period_s}
 
     @property
     def steady(self) -> bool:
-        return not self.period
+        return not self.period and not self.period_s
 
     def slow_at(self, iteration: int) -> bool:
-        """Whether the rank is slow in its ``iteration``-th step of a run (0 the first)."""
-        return self.steady or iteration % self.period < self.slow
+        """Whether the rank computes slowly in its ``iteration``-th step of a run (0 the first)."""
+        return not self.compute_bursts or iteration % self.period < self.slow
 
     @property
     def mean_factor(self) -> float:
         """How many times slower the rank is on average over a whole number of periods."""
         return self.factor if self.steady else 1 + (self.factor - 1) * self.slow / self.period
+
+    @property
+    def compute_bursts(self) -> bool:
+        """A compute slowed in bursts of iterations (paced step by step on its rank)."""
+        return bool(self.period)
+
+    @property
+    def link_bursts(self) -> bool:
+        """A link slowed in bursts by the clock (gradsched.bench.link_bursts)."""
+        return bool(self.period_s)
+
+    @property
+    def rate_share(self) -> float:
+        """The share of its own rate the straggler's link carries, averaged over the clock (1: no
+        link straggler)."""
+        if not self.link:
+            return 1.0
+        if not self.link_bursts:
+            return 1 / self.factor
+        slow = self.slow_s / self.period_s
+        return 1 - slow + slow / self.factor
 
     def compute_factor(self, rank: int) -> float:
         """The factor ``rank``'s replayed compute is built with: the steady compute straggler's
@@ -99,7 +148,8 @@ class Straggler:
 
     def describe(self) -> str:
         what = f"rank {self.rank}'s link is" if self.link else f"rank {self.rank} computes"
-        when = "" if self.steady else f" in {self.slow} of every {self.period} iterations"
+        when = "" if self.steady else f" in {self.slow} of every {self.period} iterations" if self.period else \
+            f" for {format_duration(self.slow_s)} of every {format_duration(self.period_s)}"
         return f"{what} {self.factor:g}x slower{when}"
 
     def check(self, workers: int, replay: bool, iters: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -42,6 +43,7 @@ from .straggler import Straggler
 from .workloads import Pacer, ReplayOptimizer, local, workload
 
 DDP_TUNED_CAPS_MB = (1, 4, 25, 100)
+LINK_PERIODS = 8  # communication only lasts at least this many periods of a link's bursts
 TRIAL_ROUNDS = 5
 # communication only through servers: the gradients in about this many messages (within
 # 1-16 MiB of float32 each), enough to overlap pushes with pulls, few enough not to time
@@ -137,7 +139,7 @@ class _Rank:
         slower = 1.0 if straggler is None else straggler.compute_factor(self.rank)
         self.work = workload(config.model, config.batch, config.device, config.dilation * slower)
         # this rank slow in bursts: its replay's pacer slowed step by step (see step())
-        self.bursts = straggler if straggler is not None and not straggler.steady and straggler.rank == self.rank \
+        self.bursts = straggler if straggler is not None and straggler.compute_bursts and straggler.rank == self.rank \
             else None
         self.pacer = None  # the latest fresh model's (a replay's)
         generator = torch.Generator().manual_seed(1 + self.rank)
@@ -271,11 +273,10 @@ class _Rank:
             if self.rank >= self.workers:
                 return None
         emit("progress", policy=COMM_ONLY, index=phases - 2, total=phases)
-        comm = self._timed(COMM_ONLY, self._all_reduce([torch.zeros(n) for n in sizes]), comm_iters, 2, self.group)
+        comm = self._comm_only(COMM_ONLY, [torch.zeros(n) for n in sizes], comm_iters)
         wire = wire_dtype(self.config.compression)
         if wire is not None:  # what the compressed runs' messages cost: the wire dtype's rate, and the casts
-            buckets = [torch.zeros(n, dtype=wire) for n in sizes]
-            figures["comm_wire"] = self._timed(COMM_WIRE, self._all_reduce(buckets), comm_iters, 2, self.group)
+            figures["comm_wire"] = self._comm_only(COMM_WIRE, [torch.zeros(n, dtype=wire) for n in sizes], comm_iters)
             figures["cast_s_per_byte"] = cast_cost(wire)
         emit("progress", policy=COMPUTE_ONLY, index=phases - 1, total=phases)
         model, opt = self.fresh()
@@ -283,6 +284,20 @@ class _Rank:
         link = probe_link(self.group, tiny_messages=64, repeats=20)  # its per-byte cost is not used
         return {"compute": compute, "comm": comm, "gradient_bytes": gradient_bytes, "world_size": self.workers,
                 "latency": link.alone_s, "overhead": link.pipelined_s, "host_cpu": self.cpu, **figures}
+
+    def _comm_only(self, phase: str, buckets: list[torch.Tensor], rounds: int) -> list[float]:
+        """Seconds of each timed round of ``buckets`` all-reduced (after 2 untimed); with a link
+        slowed in bursts by the clock, rounds added until they last :data:`LINK_PERIODS` of its
+        periods (dilated), as many on every worker (each counts from its own times: the largest)."""
+        communicate = self._all_reduce(buckets)
+        times = self._timed(phase, communicate, rounds, 2, self.group)
+        straggler = self.config.straggler
+        if straggler is None or not straggler.link_bursts:
+            return times
+        period = straggler.period_s * self.config.dilation
+        more = torch.tensor([max(0, math.ceil((LINK_PERIODS * period - sum(times)) / statistics.fmean(times)))])
+        dist.all_reduce(more, op=dist.ReduceOp.MAX, group=self.group)
+        return times + self._timed(phase, communicate, int(more.item()), 0, self.group)
 
     def _all_reduce(self, buckets: list[torch.Tensor]):
         """One round of communication only: every bucket all-reduced, all in flight at once."""
