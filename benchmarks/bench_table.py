@@ -75,7 +75,10 @@ def table(data: dict) -> str:
     straggler = Straggler.from_json(data.get("straggler"))
     if straggler is not None:  # the compute column and the bound are then the slow rank's (or through its link)
         named = sorted({said for r in results if (said := named_slow(r.get("ranks")))})
-        whose = ("communication is through its link" if straggler.link else "compute and the bound are its"
+        periods = [r["periods"] for r in results if r.get("periods") is not None]
+        whose = ("communication is the mean over the clock through its link, each cell the mean iteration over "
+                 f"{min(periods):.1f}-{max(periods):.1f} periods" if straggler.link_bursts else
+                 "communication is through its link" if straggler.link else "compute and the bound are its"
                  if straggler.steady else "compute is the mean over its bursts, each cell the mean iteration")
         own = "; rank 0 planned on its own ready times" if data.get("plan_on_slow_rank") is False else ""
         dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'}{own})"
