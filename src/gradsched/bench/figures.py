@@ -98,10 +98,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
     # every collective, and so every iteration, waits for the slowest rank: its compute is the cluster's
     modes = compute_modes(config, raw.compute)
     compute = sum(weight * seconds for weight, seconds in modes)  # the mean over a whole number of bursts
-    # a link slowed in bursts by the clock: the mean over its rounds (many periods) is its rate averaged over
-    # the clock, what every schedule's bytes meet alike (gradsched.bench.link_bursts)
-    typical_comm = statistics.fmean if config.straggler is not None and config.straggler.link_bursts \
-        else statistics.median
+    typical_comm = _typical_comm(config)
     ring = typical_comm(raw.comm)
     # the link as measured: latency and per-message overhead from tiny messages, and the
     # cost per byte from the communication-only time (a ring all-reduce among the workers)
@@ -156,6 +153,13 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
                                                             FSDP2[base]) for weight, seconds in modes)
         setting.rows.append(row)
     return setting
+
+
+def _typical_comm(config: BenchConfig):
+    """The statistic of communication alone's rounds: their median, or for a link slowed in bursts
+    by the clock their mean over its many periods, the link's rate averaged over the clock, which
+    every schedule's bytes meet alike (gradsched.bench.link_bursts)."""
+    return statistics.fmean if config.straggler is not None and config.straggler.link_bursts else statistics.median
 
 
 def compute_modes(config: BenchConfig, rank0_compute: list[float]) -> list[tuple[float, float]]:
