@@ -117,8 +117,9 @@ class Straggler:
 
     @property
     def mean_factor(self) -> float:
-        """How many times slower the rank is on average over a whole number of periods."""
-        return self.factor if self.steady else 1 + (self.factor - 1) * self.slow / self.period
+        """How many times slower the rank is on average over a whole number of periods (a link in
+        bursts: see :attr:`rate_share`)."""
+        return 1 + (self.factor - 1) * self.slow / self.period if self.compute_bursts else self.factor
 
     @property
     def compute_bursts(self) -> bool:
