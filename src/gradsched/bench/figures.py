@@ -132,7 +132,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
                   medians[policy] / setting.dependency_bound_s if setting.dependency_bound_s else None,
                   speedup_vs_ddp=None if config.with_servers else speedup,
                   speedup_vs_fifo=speedup if config.with_servers else None, host_cpu_busy=host_cpu.get(policy),
-                  periods=sum(result.times) / config.straggler.period_s if typical_comm is statistics.fmean else None,
+                  periods=_periods(config, result.times),
                   report=result)
         run = config.run_named(policy)
         base = run.policy
@@ -160,6 +160,12 @@ def _typical_comm(config: BenchConfig):
     by the clock their mean over its many periods, the link's rate averaged over the clock, which
     every schedule's bytes meet alike (gradsched.bench.link_bursts)."""
     return statistics.fmean if config.straggler is not None and config.straggler.link_bursts else statistics.median
+
+
+def _periods(config: BenchConfig, times: list[float]) -> float | None:
+    """How many periods of a link's bursts by the clock ``times`` lasted (None: no such bursts)."""
+    straggler = config.straggler
+    return sum(times) / straggler.period_s if straggler is not None and straggler.link_bursts else None
 
 
 def compute_modes(config: BenchConfig, rank0_compute: list[float]) -> list[tuple[float, float]]:

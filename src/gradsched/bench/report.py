@@ -80,8 +80,9 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
         if config.straggler is not None:
             lines.append(f"  straggler: {config.straggler.describe()}; "
                          + ("" if config.plan_on_slow_rank else "rank 0 plans on its own ready times (--own-plans); ") + (
-                "communication below is the mean over 8+ of its periods (its link's rate averaged over the clock: "
-                "the bound every schedule meets alike), the rows means over their timed iterations "
+                f"communication below is the mean over 8+ of its periods (its link at "
+                f"{config.straggler.rate_share:.0%} of its rate averaged over the clock: the bound every schedule "
+                "meets alike), the rows means over their timed iterations "
                 "(their periods covered: 'periods' in the JSON)" if config.straggler.link_bursts else
                 "communication below is through its link" if config.straggler.link else
                 "compute below is its (the bound's)" if config.straggler.steady else
