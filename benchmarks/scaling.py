@@ -22,11 +22,10 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-from gradsched.bench.workloads import workload
+from gradsched.bench.figures import measured_setting
 from gradsched.core import policy_config
-from gradsched.core.estimator import MeasuredLink
 from gradsched.core.policies import FifoConfig, is_buckets
-from gradsched.sim.predict import link_cluster, predict, scaled
+from gradsched.sim.predict import link_cluster, predict
 
 BASELINE = "ddp"
 
@@ -67,13 +66,11 @@ def points(paths: list[str], batch: int, extra: list[int]) -> list[Point]:
     largest = None
     for path in paths:
         run = json.load(open(path))
-        table = workload(run["model"], batch, "v100").table
-        if table is None:
-            raise SystemExit(f"{path}: {run['model']} is not a replay model (no layer table to simulate)")
+        try:
+            model, link = measured_setting(run, batch)
+        except ValueError as exc:
+            raise SystemExit(f"{path}: {exc}") from None
         setting = run["settings"][0]
-        link = MeasuredLink(setting["message_latency_s"], setting["message_overhead_s"],
-                            setting["comm_s"] / table.gradient_bytes)  # the ring's time per gradient byte
-        model = scaled(table, setting["compute_s"])
         rows = {r["policy"]: r for r in run["results"] if r["bandwidth_gbps"] == setting["bandwidth_gbps"]}
         point = Point(run["workers"], setting["bandwidth_gbps"], setting["bound_s"],
                       {p: r["iteration_s"] for p, r in rows.items()}, dilation=run.get("dilation"),

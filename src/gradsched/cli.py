@@ -27,7 +27,7 @@ from .core.base import PolicyConfig
 from .models import DEVICES, MODELS, ModelTable, get_device, model_table
 from .sim import Cluster
 from .sim.compare import compare, rows_json, rows_text
-from .sim.predict import slow_link, straggling
+from .sim.predict import link_bursts, slow_link, straggling
 from .units import parse_bytes, parse_duration
 
 
@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gather-budget", metavar="SIZE",
                      help="--arch fully_sharded: whole parameters prefetching may hold (gather_budget_mb), e.g. "
                           "256MiB (default: the runtime's, the largest layer's)")
-    sim.add_argument("--straggler", metavar="FACTOR[:link]",
+    sim.add_argument("--straggler", metavar="FACTOR[:link[:burst=SLOW/PERIOD]]",
                      help="one worker computes FACTOR times slower throughout (> 1): every collective waits for "
                           "its gradients, so the iteration runs on its compute, the plans made on its ready times; "
-                          "FACTOR:link: its link is that much slower instead, which sets a ring's pace")
+                          "FACTOR:link: its link is that much slower instead, which sets a ring's pace; "
+                          "FACTOR:link:burst=200ms/400ms: its link that much slower for 200 ms of every 400 ms "
+                          "by the clock")
     sim.add_argument("--iterations", type=int, default=30, help="simulated iterations (default 30)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     sim.add_argument("--trace", help="write a Chrome trace (Perfetto, chrome://tracing) of every policy")
@@ -134,18 +136,30 @@ def _clusters(args: argparse.Namespace) -> list[Cluster]:
     return [Cluster(args.workers, b, latency, args.arch, args.servers, cast_s_per_byte=cast) for b in rates]
 
 
-def _sim_straggler(text: str) -> tuple[float, bool]:
-    """``simulate --straggler``: (factor, whether its link rather than its compute)."""
-    factor, _, what = text.partition(":")
+def _sim_straggler(text: str) -> tuple[float, bool, tuple[float, float] | None]:
+    """``simulate --straggler``: (factor, whether its link rather than its compute, and a link's
+    bursts as (slow, period) seconds or None)."""
+    usage = ("--straggler must be FACTOR, FACTOR:link or FACTOR:link:burst=SLOW/PERIOD, such as 1.5, 1.5:link or "
+             f"2:link:burst=200ms/400ms, got {text!r}")
+    factor, *what = text.split(":")
     try:
         value = float(factor)
     except ValueError:
-        value = None
-    if value is None or what not in ("", "link"):
-        raise UsageError(f"--straggler must be FACTOR or FACTOR:link, such as 1.5 or 1.5:link, got {text!r}")
+        raise UsageError(usage) from None
+    burst = what[1].removeprefix("burst=") if len(what) == 2 and what[1].startswith("burst=") else None
+    if what not in ([], ["link"]) and (burst is None or what[0] != "link" or burst.count("/") != 1):
+        raise UsageError(usage)
     if not value > 1:
         raise UsageError(f"--straggler must be a factor > 1 (one worker that many times slower), got {value:g}")
-    return value, bool(what)
+    if burst is None:
+        return value, bool(what), None
+    try:
+        slow, period = (parse_duration(part) for part in burst.split("/"))
+    except ValueError as exc:
+        raise UsageError(f"--straggler's burst=SLOW/PERIOD are durations, such as 200ms/400ms: {exc}") from None
+    if not 0 < slow < period:
+        raise UsageError(f"--straggler's burst=SLOW/PERIOD needs 0 < SLOW < PERIOD, got {burst!r}")
+    return value, True, (slow, period)
 
 
 def _budgets(args: argparse.Namespace, cluster: Cluster) -> dict:
@@ -200,11 +214,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _writable(args.plot, "--plot")
     table = _table(args)
     if args.straggler is not None:
-        factor, link = _sim_straggler(args.straggler)
+        factor, link, burst = _sim_straggler(args.straggler)
         if link:
             if kind(args.arch).servers:
                 raise UsageError("--straggler FACTOR:link is modelled for rings (all-reduce, sharded), not --arch ps")
-            pairs = [slow_link(table, cluster, factor) for cluster in clusters]
+            pairs = [slow_link(table, cluster, factor) if burst is None else link_bursts(table, cluster, factor, *burst)
+                     for cluster in clusters]
             table, clusters = pairs[0][0], [cluster for _, cluster in pairs]
         else:
             table = straggling(table, factor)

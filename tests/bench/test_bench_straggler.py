@@ -14,9 +14,12 @@ from gradsched.bench.protocol import WorkerConfig
 from gradsched.bench.results import RankReport, RunReport
 from gradsched.bench.straggler import Straggler
 from gradsched.bench.worker import bursting
-from gradsched.bench.workloads import Pacer
+from gradsched.bench.workloads import Pacer, workload
 from gradsched.cli import build_parser, main
 from gradsched.cli_args import UsageError
+from gradsched.core import MeasuredLink, policy_config
+from gradsched.sim import link_cluster, predict, scaled
+from gradsched.sim.cluster import LinkBursts
 
 
 def _config(*argv: str) -> BenchConfig:
@@ -154,7 +157,8 @@ def test_bursts_are_counted_as_they_come_mean_compute_mean_bound_mean_iteration(
 def test_a_link_in_bursts_is_measured_by_its_mean_over_the_clock():
     """A link 3x slower for 1 s of every 2 s: communication alone is the mean of its rounds (its
     rate averaged over the clock), the bound max(compute, that), the rows means, each with the
-    periods its timed window lasted; the prediction is the simulator's on the mean link."""
+    periods its timed window lasted; the prediction is the simulator's on the fast link with the
+    same bursts (gradsched.sim.cluster.LinkBursts), which averages to the link measured."""
     bursts = Straggler(1, 3.0, link=True, slow_s=1.0, period_s=2.0)
     assert bursts.rate_share == pytest.approx(0.5 + 0.5 / 3)
     config = BenchConfig(model="replay-mini", policies=("fifo",), iters=4, straggler=bursts)
@@ -164,9 +168,15 @@ def test_a_link_in_bursts_is_measured_by_its_mean_over_the_clock():
     row = setting.rows[0]
     assert row.iteration_s == pytest.approx(0.25) and row.periods == pytest.approx(0.5)
     assert row.as_json(False)["periods"] == pytest.approx(0.5)
-    plain = dataclasses.replace(_raw([0.1] * 4, [0.1] * 4), comm=[0.09] * 3)
-    steady = figures(BenchConfig(model="replay-mini", policies=("fifo",), iters=4), 1e9, True, plain).rows[0]
-    assert row.predicted_s == pytest.approx(steady.predicted_s) and "periods" not in steady.as_json(False)
+    plain = dataclasses.replace(_raw([0.1] * 4, [0.1] * 4), comm=[0.09 * bursts.rate_share] * 3)  # the fast link
+    steady = figures(BenchConfig(model="replay-mini", policies=("fifo",), iters=4), 1e9, True, plain)
+    assert "periods" not in steady.rows[0].as_json(False)
+    table = scaled(workload("replay-mini", 32, "v100").table, 0.1)
+    fast = link_cluster(MeasuredLink(1e-4, 5e-5, 0.09 * bursts.rate_share / (1 << 20)), 2)
+    expected = predict(table, dataclasses.replace(fast, bursts=LinkBursts(3.0, 1.0, 2.0)), policy_config("fifo"))
+    assert row.predicted_s == pytest.approx(expected)
+    assert steady.rows[0].predicted_s == pytest.approx(predict(table, fast, policy_config("fifo")))
+    assert row.predicted_s > steady.rows[0].predicted_s * 1.05  # the bursts cost the link-bound rows
 
 
 def test_a_dilated_runs_ranks_report_is_undilated_with_its_times():
@@ -214,7 +224,7 @@ def test_simulate_runs_a_ring_at_the_slow_links_pace(capsys):
     plain = json.loads(capsys.readouterr().out)
     assert [r["iteration_s"] for r in slow["results"]] == pytest.approx([r["iteration_s"] for r in plain["results"]])
     assert slow["model"] == "resnet50 (one worker's link 2x slower)" and plain["model"] == "resnet50"
-    for extra, message in ((["--straggler", "2:disk"], "FACTOR or FACTOR:link"),
+    for extra, message in ((["--straggler", "2:disk"], "FACTOR, FACTOR:link or FACTOR:link:burst=SLOW/PERIOD"),
                            (["--straggler", "2:link", "--arch", "ps"], "not --arch ps")):
         assert main(setting + ["--bandwidth", "10Gbit", *extra]) == 2
         assert message in capsys.readouterr().err

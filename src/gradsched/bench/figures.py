@@ -12,6 +12,7 @@ from ..core import MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
+from ..sim.cluster import Cluster, LinkBursts
 from ..sim.fsdp import fsdp_iteration_s
 from .config import BASELINES, FSDP2, BenchConfig
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
@@ -114,11 +115,7 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
                       cpu_comm_servers=host_cpu.get(SERVERS_ONLY),
                       comm_wire_s=typical_comm(raw.comm_wire) if raw.comm_wire else None,
                       cast_s_per_byte=raw.cast_s_per_byte)
-    predicting = cluster  # where gradsched's runs are predicted: compressed ones on the wire dtype's rate, with casts
-    if setting.comm_wire_s is not None:
-        wire_link = MeasuredLink(raw.latency, raw.overhead, setting.comm_wire_s / (raw.gradient_bytes / 2),
-                                 setting.cast_s_per_byte)
-        predicting = link_cluster(wire_link, config.workers, config.servers)
+    predicting = _predicting(config, raw, setting, cluster)
     typical = statistics.median if config.straggler is None or config.straggler.steady else statistics.fmean
     medians = {p: typical(r.times) for p, r in raw.policies.items()}
     reference = medians.get("fifo") if config.with_servers else (medians.get("ddp") or medians.get("ddp-tuned"))
@@ -143,11 +140,13 @@ def figures(config: BenchConfig, bandwidth: float | None, limited: bool, raw: Ra
             # not the tc rate or the device preset
             table = work.table.on_the_wire(2) if config.compression else work.table
             ran = _ran(config, run, result, table.gradient_bytes / work.table.gradient_bytes)
-            where = link_cluster(link, config.workers, sharded=True) if run.sharded or run.fully_sharded else predicting
+            where = _bursty(config, link_cluster(link, config.workers, sharded=True)) \
+                if run.sharded or run.fully_sharded else predicting
             if run.fully_sharded:  # the gathers' queue and the policy's reduce-scatters on one link
                 where = replace(where, arch="fully_sharded")
             row.predicted_s = sum(weight * predict(scaled(table, seconds), where, ran) for weight, seconds in modes)
-        elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp)
+        elif work.table is not None and base in FSDP2 and not run.clip:  # FSDP2's own schedule (gradsched.sim.fsdp),
+            # on the link averaged over the clock where it is slowed in bursts
             row.predicted_s = sum(weight * fsdp_iteration_s(scaled(work.table, seconds),
                                                             link_cluster(link, config.workers, sharded=True),
                                                             FSDP2[base]) for weight, seconds in modes)
@@ -162,10 +161,44 @@ def _typical_comm(config: BenchConfig):
     return statistics.fmean if config.straggler is not None and config.straggler.link_bursts else statistics.median
 
 
+def _predicting(config: BenchConfig, raw: RankReport, setting: Setting, cluster: Cluster) -> Cluster:
+    """Where gradsched's runs are predicted: on ``cluster``, the link measured; compressed ones on
+    the wire dtype's rate, with casts; a link slowed in bursts as :func:`_bursty` models it."""
+    if setting.comm_wire_s is not None:
+        wire_link = MeasuredLink(raw.latency, raw.overhead, setting.comm_wire_s / (raw.gradient_bytes / 2),
+                                 setting.cast_s_per_byte)
+        cluster = link_cluster(wire_link, config.workers, config.servers)
+    return _bursty(config, cluster)
+
+
+def _bursty(config: BenchConfig, cluster: Cluster) -> Cluster:
+    """``cluster`` (on the link as measured, averaged over the clock) as the simulator models a link
+    slowed in bursts by the clock: the fast rate, slower in the straggler's bursts (undilated, as
+    the figures are), the same rate on average; as it is without such bursts."""
+    straggler = config.straggler
+    if straggler is None or not straggler.link_bursts:
+        return cluster
+    bursts = LinkBursts(straggler.factor, straggler.slow_s, straggler.period_s)
+    return replace(cluster, bandwidth_bps=cluster.bandwidth_bps / bursts.rate_share, bursts=bursts)
+
+
 def _periods(config: BenchConfig, times: list[float]) -> float | None:
     """How many periods of a link's bursts by the clock ``times`` lasted (None: no such bursts)."""
     straggler = config.straggler
     return sum(times) / straggler.period_s if straggler is not None and straggler.link_bursts else None
+
+
+def measured_setting(run: dict[str, Any], batch: int) -> tuple[Any, MeasuredLink]:
+    """From a bench run's JSON (replay models): its model's layer table scaled to the compute
+    measured alone, and the link measured (per-message costs, and the ring's time per gradient
+    byte from communication alone), for the simulator to predict its rows again."""
+    table = workload(run["model"], batch, "v100").table
+    if table is None:
+        raise ValueError(f"{run['model']} is not a replay model (no layer table to simulate)")
+    setting = run["settings"][0]
+    link = MeasuredLink(setting["message_latency_s"], setting["message_overhead_s"],
+                        setting["comm_s"] / table.gradient_bytes)
+    return scaled(table, setting["compute_s"]), link
 
 
 def compute_modes(config: BenchConfig, rank0_compute: list[float]) -> list[tuple[float, float]]:

@@ -53,6 +53,8 @@ from .simulator import simulate
 def fsdp_iteration_s(model: ModelTable, cluster: Cluster, reshard_after_forward: bool = True,
                      iterations: int = 6) -> float:
     """Steady-state seconds per iteration (between the last two forward starts)."""
+    if cluster.bursts is not None:
+        raise ValueError("FSDP2's schedule is simulated on a steady link: give the link averaged over the clock")
     if not cluster.kind.phases:
         raise ValueError(f"FSDP shards the parameters: give a Cluster(arch='sharded'), got {cluster.arch!r}")
     link = Network(cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s)

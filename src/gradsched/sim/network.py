@@ -18,7 +18,10 @@ Default model (documented in docs/simulator.md):
 * compression (a cast cost ``c`` per wire byte): before its first byte leaves, a message is
   cast to the wire dtype, ``c * b``, by one caster that casts one message at a time (it
   overlaps the transfer of earlier messages); once the result arrived it is cast back,
-  another ``c * b``, also one message at a time, before it completes.
+  another ``c * b``, also one message at a time, before it completes;
+* a link slower in bursts by the clock (:class:`~gradsched.sim.cluster.LinkBursts`): a
+  message's bytes move at the slow rate while a slow phase lasts and at the fast one
+  otherwise, however its transfer falls across the phases; its overhead and latency stay.
 
 Every worker runs the same schedule, so one representative worker is simulated.
 """
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 from ..core.architectures import kind
 from ..core.plan import PS_PIECE_BYTES
-from .cluster import Cluster
+from .cluster import Cluster, LinkBursts
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,12 @@ class Network:
     lanes: tuple[str, ...] = ("link",)  # the wire's (casts are not the wire's)
 
     def __init__(self, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0,
-                 cast_s_per_byte: float = 0.0) -> None:
+                 cast_s_per_byte: float = 0.0, bursts: LinkBursts | None = None) -> None:
         self.latency = latency_s
         self.per_byte = seconds_per_byte
         self.overhead = overhead_s
         self.cast = cast_s_per_byte
+        self.bursts = bursts
         self.free = {lane: 0.0 for lane in self.lanes}
         self.caster_free = self.back_free = 0.0
 
@@ -80,7 +84,8 @@ class Network:
 
     def _serve(self, lane: str, nbytes: int, at: float) -> Segment:
         start = max(at, self.free[lane])
-        end = start + self.overhead + nbytes * self.per_byte
+        wire = nbytes * self.per_byte
+        end = start + self.overhead + wire if self.bursts is None else self.bursts.finish(start + self.overhead, wire)
         self.free[lane] = end
         return Segment(lane, start, end)
 
@@ -112,14 +117,16 @@ class PushPull(Network):
 
 
 def network_for(arch: str, latency_s: float, seconds_per_byte: float, overhead_s: float = 0.0,
-                cast_s_per_byte: float = 0.0, servers: int = 1) -> Network:
-    """One worker's links for ``arch``: a FIFO link, or pushes and pulls to ``servers``
-    servers answering in pieces."""
+                cast_s_per_byte: float = 0.0, servers: int = 1, bursts: LinkBursts | None = None) -> Network:
+    """One worker's links for ``arch``: a FIFO link (slower in ``bursts``, if given), or pushes
+    and pulls to ``servers`` servers answering in pieces."""
     if kind(arch).servers:
+        if bursts is not None:
+            raise ValueError("a link slower in bursts is modelled for rings, not parameter servers")
         return PushPull(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte, lead_bytes=servers * PS_PIECE_BYTES)
-    return Network(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte)
+    return Network(latency_s, seconds_per_byte, overhead_s, cast_s_per_byte, bursts)
 
 
 def make_network(cluster: Cluster) -> Network:
     return network_for(cluster.arch, cluster.latency_s, cluster.phase_seconds_per_byte, cluster.overhead_s,
-                       cluster.cast_s_per_byte, cluster.num_servers)
+                       cluster.cast_s_per_byte, cluster.num_servers, cluster.bursts)

@@ -16,13 +16,22 @@ for the prediction next to every measured row, and the tuner for every offline t
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import replace
 
 from ..core.base import PolicyConfig
 from ..core.estimator import MeasuredLink
 from ..models.table import Layer, ModelTable
-from .cluster import Cluster
+from .cluster import Cluster, LinkBursts
 from .simulator import simulate
+
+#: a link slower in bursts: each prediction covers at least this many of its periods ...
+BURST_PERIODS = 8
+#: ... from each of this many phases of the bursts, evenly spread over a period, and is their mean
+BURST_PHASES = 4
+#: ... in no more simulated iterations than this (bursts far longer than an iteration)
+BURST_ITERATIONS = 400
 
 
 def link_cluster(link: MeasuredLink, workers: int, servers: int = 0, sharded: bool = False) -> Cluster:
@@ -87,10 +96,42 @@ def slow_link(table: ModelTable, cluster: Cluster, factor: float) -> tuple[Model
     return named, replace(cluster, bandwidth_bps=cluster.bandwidth_bps / factor)
 
 
+def link_bursts(table: ModelTable, cluster: Cluster, factor: float, slow_s: float,
+                period_s: float) -> tuple[ModelTable, Cluster]:
+    """What a cluster runs where one worker's link is ``factor`` times slower for ``slow_s`` of
+    every ``period_s`` seconds by the clock: a ring moves at its slowest link's pace, so every
+    link has the bursts (:class:`~gradsched.sim.cluster.LinkBursts`); the table renamed to say so.
+
+    >>> from gradsched.models import ParamSpec
+    >>> table = ModelTable("m", (Layer("a", 1.0, 2.0, (ParamSpec("a.weight", 10),)),), {})
+    >>> named, bursty = link_bursts(table, Cluster(4, 10e9), 2.0, 0.2, 0.4)
+    >>> named.name, bursty.mean_factor
+    ("m (one worker's link 2x slower for 200 ms of every 400 ms)", 1.3333333333333333)
+    """
+    if cluster.kind.servers:
+        raise ValueError("a link slower in bursts is modelled for rings (all-reduce, sharded), not parameter servers")
+    bursts = LinkBursts(factor, slow_s, period_s)
+    named = ModelTable(f"{table.name} (one worker's link {bursts.describe()})", table.layers, table.meta)
+    return named, replace(cluster, bursts=bursts)
+
+
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
     policy's own warm-up (Prophet's profiling). The sharded architectures run under the
     runtime's default budgets: gradients (:func:`~gradsched.core.engine.default_hold`) and, fully
-    sharded, whole parameters (:func:`~gradsched.core.gathers.default_budget`)."""
-    rounds = policy.build().warmup_iterations + iterations  # simulate() derives the sizes from the cluster
-    return simulate(table, cluster, policy, iterations=rounds, record=False).iteration_s
+    sharded, whole parameters (:func:`~gradsched.core.gathers.default_budget`).
+
+    On a link slower in bursts (``cluster.bursts``) one run's mean depends on where the bursts
+    fall: the mean over :data:`BURST_PHASES` phases of them, each run long enough to cover
+    :data:`BURST_PERIODS` periods (as the bench measures such a link: its mean over 8+)."""
+    warmup = policy.build().warmup_iterations  # simulate() derives the sizes from the cluster
+    bursts = cluster.bursts
+    if bursts is None:
+        return simulate(table, cluster, policy, iterations=warmup + iterations, record=False).iteration_s
+    shortest = max(table.compute_s, cluster.comm_time(table.gradient_bytes))  # no iteration is shorter
+    covering = math.ceil(BURST_PERIODS * bursts.period_s / shortest) + 1 if shortest > 0 else iterations
+    rounds = warmup + min(BURST_ITERATIONS, max(iterations, covering))
+    return statistics.fmean(
+        simulate(table, replace(cluster, bursts=replace(bursts, offset_s=bursts.period_s * phase / BURST_PHASES)),
+                 policy, iterations=rounds, record=False).iteration_s
+        for phase in range(BURST_PHASES))

@@ -152,8 +152,9 @@ class _Run:
                  gather_budget_bytes: int | None = None, gathers_first: bool = True, hold_bytes: int | None = None):
         self.model = model
         self.cluster = cluster
-        config = config.for_link(model.gradient_bytes, cluster.latency_s, cluster.phase_seconds_per_byte,
-                                 cluster.overhead_s)
+        # sizes derived from the link averaged over the clock (a link slower in bursts)
+        config = config.for_link(model.gradient_bytes, cluster.latency_s,
+                                 cluster.phase_seconds_per_byte * cluster.mean_factor, cluster.overhead_s)
         self.config = config
         self.policy = config.build()
         self.warmup = max(1, self.policy.warmup_iterations)
