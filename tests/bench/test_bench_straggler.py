@@ -200,6 +200,8 @@ def test_the_bench_says_which_rank_it_named_and_how():
     assert named_slow({"slow_rank": None, "burst_rank": 1, "burst_rounds": 5, "burst_of": 23, "burst_slowest_s": 0.4,
                        "median_s": 0.2}) == "rank 1 in bursts (5 of 23 rounds, up to 2.00x)"
     assert named_slow({"slow_rank": None, "link_rank": 2, "link_ratio": 3.9}) == "rank 2's link (3.90x)"
+    assert named_slow({"slow_rank": None, "link_burst_rank": 1, "link_burst_probes": 2, "link_probes_of": 4,
+                       "link_burst_ratio": 1.98}) == "rank 1's link in bursts (2 of 4 probes, up to 1.98x)"
 
 
 def test_simulate_runs_the_cluster_on_the_slow_workers_compute(capsys):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,19 @@ from netns_helpers import needs_netns
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "slow_link.py"
 
 
-def _run(slower: dict[int, float], run_id: str) -> dict:
+def _run(slower: dict[int, float], run_id: str, switch=None) -> dict:
+    """The worker on 3 ranks, rank 0's JSON line back; ``switch(cluster)``, where given, runs
+    beside it (a thread: the link slowed when the worker asks)."""
     with EmulatedCluster(3, 1e9, run_id=run_id, slower=slower) as cluster:
         processes = Processes(cluster, torchrun=False)
+        watcher = None
         try:
             for host, argv, env, stdout in starts(False, 3, 1, cluster, [str(WORKER)], cluster.addresses[0], 29631,
                                                   subprocess.PIPE):
                 processes.start(host, argv, env, stdout)
+            if switch is not None:
+                watcher = threading.Thread(target=switch, args=(cluster,), daemon=True)
+                watcher.start()
             out, _ = processes.procs[0].communicate(timeout=180)
             for proc in processes.procs[1:]:
                 proc.wait(timeout=60)
@@ -31,6 +39,8 @@ def _run(slower: dict[int, float], run_id: str) -> dict:
             assert failure is None, failure
         finally:
             processes.close()
+            if watcher is not None:
+                watcher.join(timeout=10)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -53,3 +63,38 @@ def test_equal_links_name_nobody():
     for report in even["ranks"]:
         assert report["link_rank"] is None and report["link_ratio"] < 1.25, report
     assert not any("link is slow" in line for line in even["said"])
+
+
+@pytest.mark.slow  # CI: the verdicts on probes alone (tests/control/test_ranks.py) and the steady case above
+@needs_netns
+def test_a_link_slow_at_two_of_eight_control_points_is_named_slow_in_bursts(tmp_path, monkeypatch):
+    """Rank 1's link 4x slower during the 5th and 8th iterations only (the worker asks for it
+    before them): of the 8 control points' ring probes, the two in those iterations meet it.
+    Its median stays fast, so it is not named slow throughout; every rank names it slow in
+    bursts, in 2 of 8 probes."""
+    control = tmp_path / "link"
+    control.write_text("done")
+    monkeypatch.setenv("SLOW_LINK_FILE", str(control))
+    monkeypatch.setenv("SLOW_LINK_AT", "4,7")
+    monkeypatch.setenv("SLOW_LINK_STEPS", "10")
+    monkeypatch.setenv("SLOW_LINK_REPLAN", "1")
+    asked = []
+
+    def switch(cluster) -> None:
+        deadline = time.monotonic() + 170
+        while time.monotonic() < deadline and len(asked) < 4:
+            state = control.read_text()
+            if state in ("slow", "fast"):
+                cluster.set_slower(1, 4.0 if state == "slow" else 1.0)
+                asked.append(state)
+                control.write_text("done")
+            time.sleep(0.01)
+
+    run = _run({}, "t10", switch)
+    assert asked == ["slow", "fast", "slow", "fast"]
+    for report in run["ranks"]:
+        assert report["link_rank"] is None and report["link_burst_rank"] == 1, report
+        assert report["link_burst_probes"] == 2 and report["link_probes_of"] == 8, report
+        assert 2.5 < report["link_burst_ratio"] < 5.0, report
+    assert any("rank 1's link is slow in bursts: in 2 of the latest 8 probes" in line for line in run["said"]), \
+        run["said"]

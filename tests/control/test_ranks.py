@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradsched.control.ranks import LINK_RATIO, SLOW_RATIO, compare_ranks, slow_link
+from gradsched.control.ranks import LINK_BURST_PROBES, LINK_RATIO, SLOW_RATIO, compare_ranks, slow_link
 
 
 def test_the_slowest_rank_is_named_against_the_others_median_not_the_fastest():
@@ -50,13 +50,53 @@ def test_links_within_the_ratio_or_two_ranks_or_one_unmeasured_name_nobody():
 
 
 def test_a_slow_link_is_named_in_the_report_beside_a_slow_rank_and_said():
-    report = compare_ranks([0.10, 0.10, 0.10], link_out_s=[0.01, 0.04, 0.04])
+    report = compare_ranks([0.10, 0.10, 0.10], link_probes=[[0.01], [0.04], [0.04]])
     assert report.slow_rank is None and report.link_rank == 2 and report.link_ratio == pytest.approx(4.0)
     assert report.link_median_s == pytest.approx(0.01) and report.link_out_s == (0.01, 0.04, 0.04)
-    assert report.named and report.verdict == (None, None, 2)
+    assert report.named and report.verdict == (None, None, 2, None)
     assert "rank 2's link is slow" in report.describe() and "4.00x" in report.describe()
-    both = compare_ranks([0.10, 0.20, 0.10], link_out_s=[0.01, 0.04, 0.04])
-    assert both.verdict == (1, None, 2) and "rank 1 is slow" in both.describe()
-    plain = compare_ranks([0.10, 0.10, 0.10], link_out_s=[0.01, 0.01, 0.01])
+    both = compare_ranks([0.10, 0.20, 0.10], link_probes=[[0.01], [0.04], [0.04]])
+    assert both.verdict == (1, None, 2, None) and "rank 1 is slow" in both.describe()
+    plain = compare_ranks([0.10, 0.10, 0.10], link_probes=[[0.01], [0.01], [0.01]])
     assert not plain.named and plain.link_rank is None and "link" not in plain.describe()
     assert compare_ranks([0.10, 0.10, 0.10]).link_out_s is None  # not probed (two ranks, or before the probe)
+    assert compare_ranks([0.10, 0.10, 0.10], link_probes=[[], [], []]).link_out_s is None
+
+
+def _probes(slow_at: list[bool], rank: int = 2, factor: float = 3.0) -> list[list[float]]:
+    """Three ranks' probes, oldest first: rank ``rank``'s link ``factor`` times slower in those
+    ``slow_at`` names (its transfer in, from the rank before, and out take that much longer)."""
+    probes: list[list[float]] = [[], [], []]
+    for k, slow in enumerate(slow_at):
+        for r in range(3):
+            crosses = slow and r in (rank - 1, rank)
+            probes[r].append(0.010 * (factor if crosses else 1.0) + 0.0001 * k)
+    return probes
+
+
+def test_a_link_slow_in_some_probes_is_named_slow_in_bursts_and_not_throughout():
+    report = compare_ranks([0.1] * 3, link_probes=_probes([False, True, False, False, True, False]))
+    assert report.link_rank is None and report.link_out_s[2] < 0.011  # the medians are the fast probes'
+    assert (report.link_burst_rank, report.link_burst_probes, report.link_probes_of) == (2, 2, 6)
+    assert report.link_burst_ratio == pytest.approx(3.0, rel=0.02) and report.verdict == (None, None, None, 2)
+    assert "rank 2's link is slow in bursts: in 2 of the latest 6 probes" in report.describe()
+
+
+def test_one_slow_probe_is_a_hiccup_and_a_link_slow_in_most_is_slow_throughout():
+    assert LINK_BURST_PROBES == 2
+    hiccup = compare_ranks([0.1] * 3, link_probes=_probes([False, False, True, False]))
+    assert not hiccup.named and hiccup.link_probes_of == 4
+    mostly = compare_ranks([0.1] * 3, link_probes=_probes([True, True, False, True, True]))
+    assert mostly.link_rank == 2 and mostly.link_burst_rank is None  # one name for one link
+    other = _probes([True, True, False, True, True])  # and rank 0's link slow in probes 1 and 2 beside it:
+    for k in (1, 2):  # its transfers out (0 -> 1) and in (2 -> 0)
+        other[0][k] = other[2][k] = 0.05
+    beside = compare_ranks([0.1] * 3, link_probes=other)
+    assert beside.link_rank == 2 and beside.link_burst_rank == 0 and beside.link_burst_probes == 2
+
+
+def test_probes_are_judged_latest_first_as_far_as_every_rank_has_them():
+    probes = _probes([True, True, False, False])
+    probes[0] = probes[0][2:]  # rank 0 kept only its two latest: the slow ones are out of its window
+    report = compare_ranks([0.1] * 3, link_probes=probes)
+    assert report.link_probes_of == 2 and report.link_burst_rank is None

@@ -151,7 +151,7 @@ def _rows(config: BenchConfig, s: Setting) -> list[str]:
 def named_slow(ranks: dict | None) -> str:
     """What a run's ``ranks`` report (RanksReport as a dict) named slow, in words ("" for nobody):
     the slow rank and its ratio, a rank slow in bursts with how often and how much, and a rank
-    whose link is slow."""
+    whose link is slow, throughout or in bursts."""
     if not ranks:
         return ""
     said = [f"rank {ranks['slow_rank']} ({ranks['ratio']:.2f}x)"] if ranks.get("slow_rank") is not None else []
@@ -160,6 +160,9 @@ def named_slow(ranks: dict | None) -> str:
                     f"up to {ranks['burst_slowest_s'] / ranks['median_s']:.2f}x)")
     if ranks.get("link_rank") is not None:
         said.append(f"rank {ranks['link_rank']}'s link ({ranks['link_ratio']:.2f}x)")
+    if ranks.get("link_burst_rank") is not None:
+        said.append(f"rank {ranks['link_burst_rank']}'s link in bursts ({ranks['link_burst_probes']} of "
+                    f"{ranks['link_probes_of']} probes, up to {ranks['link_burst_ratio']:.2f}x)")
     return ", ".join(said)
 
 

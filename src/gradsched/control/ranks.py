@@ -31,8 +31,8 @@ True
 
 A rank whose link is slower (a bad cable, a shared port) leaves every rank's backward pass as it
 was, and a ring collective goes at its pace on every rank alike, so neither tells it apart. With
-three ranks or more each rank times, once, a transfer to the next rank of the ring
-(:func:`gradsched.runtime.planning.probe.probe_ring`, the ranks taking turns); a rank's link
+three ranks or more each rank times, at every control point, a transfer to the next rank of the
+ring (:func:`gradsched.runtime.planning.probe.probe_ring`, the ranks taking turns); a rank's link
 carries both its transfer out and the one in from the rank before, so the rank whose faster
 of the two is :data:`LINK_RATIO` times the other ranks' median or slower is named
 (:func:`slow_link`: the others have at least one neighbour with a fast link). Two ranks share
@@ -42,6 +42,16 @@ the one path between them: which end is slow cannot be told there.
 (2, 4.0, 0.01)
 >>> slow_link([0.010, 0.011, 0.010])[0] is None
 True
+
+A link is named slow from each rank's median over its latest probes (up to :data:`LINK_WINDOW`).
+A link slow in bursts (another tenant's traffic, by the clock) keeps a fast median, so every
+probe is also judged alone (the ranks probe at the same control points), and the rank named in
+:data:`LINK_BURST_PROBES` of them or more is named slow in bursts (one is a hiccup):
+
+>>> fast, slow = [0.01, 0.01, 0.01], [0.01, 0.04, 0.04]  # one probe: rank 2's link 4x slower, or not
+>>> report = compare_ranks([0.2] * 3, link_probes=list(zip(fast, slow, fast, slow, fast)))
+>>> report.link_rank, report.link_burst_rank, report.link_burst_probes, report.link_probes_of, report.link_burst_ratio
+(None, 2, 2, 5, 4.0)
 """
 
 from __future__ import annotations
@@ -62,6 +72,10 @@ BURST_RATIO = 1.5
 #: median is named as having a slow link (transfers of the same bytes over equal links differ by a few
 #: percent)
 LINK_RATIO = 1.25
+#: probes each rank reports (its latest); in how many of them a link must be named alone to be named
+#: slow in bursts
+LINK_WINDOW = 16
+LINK_BURST_PROBES = 2
 
 
 @dataclass(frozen=True)
@@ -76,10 +90,15 @@ class RanksReport:
     burst_rounds: int = 0  # how many of them were slow (BURST_RATIO times the others' median or more)
     burst_of: int = 0  # of how many of its rounds compared
     burst_slowest_s: float | None = None  # its slowest backward pass among them
-    link_out_s: tuple[float | None, ...] | None = None  # per rank, its probe transfer to the next rank (3+ ranks)
+    link_out_s: tuple[float | None, ...] | None = None  # per rank, its probe transfer to the next rank (3+ ranks),
+    # the median over its latest probes
     link_rank: int | None = None  # the rank whose link is slow (LINK_RATIO, see slow_link); else None
     link_ratio: float = 1.0  # its faster transfer over the other ranks' median
     link_median_s: float | None = None  # the other ranks' median (each rank's faster transfer, in or out)
+    link_burst_rank: int | None = None  # another rank whose link was named in LINK_BURST_PROBES or more probes alone
+    link_burst_probes: int = 0  # in how many
+    link_probes_of: int = 0  # of how many probes judged alone
+    link_burst_ratio: float | None = None  # its link's largest ratio among them
 
     @property
     def burst_ratio(self) -> float | None:
@@ -104,12 +123,17 @@ class RanksReport:
             text += (f"; rank {self.link_rank}'s link is slow: its transfers to and from its ring neighbours took "
                      f"{self.link_ratio:.2f}x the other ranks' median ({self.link_ratio * self.link_median_s * 1e3:.1f} "
                      f"ms against {self.link_median_s * 1e3:.1f} ms); every ring collective goes at its pace")
+        if self.link_burst_rank is not None:
+            text += (f"; rank {self.link_burst_rank}'s link is slow in bursts: in {self.link_burst_probes} of the "
+                     f"latest {self.link_probes_of} probes its transfers to and from its ring neighbours took "
+                     f"{LINK_RATIO:.2f}x the other ranks' or more, up to {self.link_burst_ratio:.2f}x")
         return text
 
     @property
-    def verdict(self) -> tuple[int | None, int | None, int | None]:
-        """(the slow rank, the rank slow in bursts, the rank with a slow link): what a change of is said."""
-        return self.slow_rank, self.burst_rank, self.link_rank
+    def verdict(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """(the slow rank, the rank slow in bursts, the rank with a slow link, the rank with a link slow in
+        bursts): what a change of is said."""
+        return self.slow_rank, self.burst_rank, self.link_rank, self.link_burst_rank
 
     @property
     def named(self) -> bool:
@@ -134,17 +158,40 @@ def slow_link(out_s: Sequence[float | None]) -> tuple[int | None, float, float] 
 
 def compare_ranks(backward_s: Sequence[float | None],
                   spans: Sequence[Sequence[float]] | None = None,
-                  link_out_s: Sequence[float | None] | None = None) -> RanksReport | None:
+                  link_probes: Sequence[Sequence[float]] | None = None) -> RanksReport | None:
     """The report for every rank's median backward pass (seconds, in rank order; None where a
     rank measured none yet) and, where given, each rank's backward pass in each of its latest
-    rounds and its probe transfer to the next rank (:func:`slow_link`); None where fewer than
+    rounds and its probe transfers to the next rank, the latest probes in the order they were
+    made, at the same control points on every rank (:func:`slow_link`); None where fewer than
     two ranks measured a backward pass."""
     report = _compare_backward(backward_s, spans)
-    links = None if report is None or link_out_s is None else slow_link(link_out_s)
+    if report is None or not link_probes or not all(link_probes):
+        return report
+    medians = [statistics.median_high(probes) for probes in link_probes]
+    links = slow_link(medians)
     if links is None:
         return report
     rank, ratio, median = links
-    return replace(report, link_out_s=tuple(link_out_s), link_rank=rank, link_ratio=ratio, link_median_s=median)
+    report = replace(report, link_out_s=tuple(medians), link_rank=rank, link_ratio=ratio, link_median_s=median)
+    return _link_bursts(report, link_probes)
+
+
+def _link_bursts(report: RanksReport, link_probes: Sequence[Sequence[float]]) -> RanksReport:
+    """``report`` with the rank, not already named for its link, whose link the most probes named
+    alone (the ranks' k-th latest probes together), where they are :data:`LINK_BURST_PROBES` or more."""
+    probes = min(len(p) for p in link_probes)
+    named: dict[int, list[float]] = {}
+    for k in range(1, probes + 1):
+        verdict = slow_link([p[-k] for p in link_probes])
+        if verdict is not None and verdict[0] is not None and verdict[0] != report.link_rank:
+            named.setdefault(verdict[0], []).append(verdict[1])
+    if not named:
+        return replace(report, link_probes_of=probes)
+    rank, ratios = max(named.items(), key=lambda item: (len(item[1]), -item[0]))
+    if len(ratios) < LINK_BURST_PROBES:
+        return replace(report, link_probes_of=probes)
+    return replace(report, link_burst_rank=rank, link_burst_probes=len(ratios), link_probes_of=probes,
+                   link_burst_ratio=max(ratios))
 
 
 def _compare_backward(backward_s: Sequence[float | None],

@@ -37,7 +37,7 @@ from gradsched.runtime.errors import GradschedError
 from gradsched.runtime.diagnostics.stats import Prediction
 
 FORMAT = "gradsched"
-VERSION = 6  # raise on any change to an envelope or a body type
+VERSION = 7  # raise on any change to an envelope or a body type
 
 
 class WireFormatError(GradschedError):
@@ -95,7 +95,8 @@ class RankTiming:
     backward_s: float | None  # its backward pass, the end of its forward pass to its last gradient (None: none yet)
     ready: list[float]  # each planned gradient's ready time, from the round's first, in the plans' order (or [])
     spans: list[float] = field(default_factory=list)  # its backward pass in each of its latest rounds (bursts)
-    link_out_s: float | None = None  # its probe transfer to the next rank of the ring (3+ ranks; None: not probed)
+    link_probes: list[float] = field(default_factory=list)  # its probe transfers to the next rank of the ring, the
+    # latest (3+ ranks; one per control point, oldest first; empty: not probed)
 
 
 KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys,

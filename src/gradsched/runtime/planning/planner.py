@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from gradsched.control import Arm, ArmKind, ArmsExperiment, ControlPoint, ControlSchedule, Stage
 from gradsched.control.arms import SLOWER_MARGIN, arm_kinds
-from gradsched.control.ranks import BURST_WINDOW, RanksReport, compare_ranks
+from gradsched.control.ranks import BURST_WINDOW, LINK_WINDOW, RanksReport, compare_ranks
 from gradsched.core.base import PolicyConfig
 from gradsched.core.engine import message_hold
 from gradsched.core.estimator import MeasuredLink
@@ -114,7 +114,8 @@ class Planner:
         self._unresolved: deque[RoundTiming] = deque(maxlen=BURST_WINDOW)
         self._spans: deque[float] = deque(maxlen=BURST_WINDOW)
         self._recorded = 0
-        self._link_out_s: float | None = None  # this rank's ring probe (3+ ranks), timed once: whose link is slow
+        # this rank's ring probes (3+ ranks), one at every control point: whose link is slow, steadily or in bursts
+        self._link_probes: deque[float] = deque(maxlen=LINK_WINDOW)
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -192,7 +193,7 @@ class Planner:
                 probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
                 self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
                     partial(self.exchange.device.run, self.probe_group, probe))
-        if self.world_size >= 3 and self._link_out_s is None:
+        if self.world_size >= 3:
             self._probe_ring()
         if self.world_size > 1:
             self._compare_ranks()
@@ -205,17 +206,17 @@ class Planner:
         self._adopt(proposal, round_index + 1)
 
     def _probe_ring(self) -> None:
-        """Time this rank's link once, the link idle: a transfer to the next rank of the data
-        group's ring (gradsched.control.ranks.slow_link); only where the data group is the
-        workers (a group that also holds servers has other ranks)."""
+        """Time this rank's link, the link idle: a transfer to the next rank of the data group's
+        ring (gradsched.control.ranks.slow_link), kept with the latest ones; only where the data
+        group is the workers (a group that also holds servers has other ranks)."""
         group = self.probe_group
         if dist.get_world_size(group) != self.world_size or dist.get_rank(group) != self.rank:
             return
         if self.settle:
             self.settle()
         with failing_rank("timing each rank's link", self.exchange.explain):
-            self._link_out_s = self.exchange.between_rounds(
-                partial(self.exchange.device.run, group, partial(probe_ring, group, self.device)))
+            self._link_probes.append(self.exchange.between_rounds(
+                partial(self.exchange.device.run, group, partial(probe_ring, group, self.device))))
 
     def _compare_ranks(self) -> None:
         """Every rank's backward pass and ready times, exchanged (every rank, at every control
@@ -227,17 +228,17 @@ class Planner:
             span = _backward_span(self.clock.resolve(self._unresolved.popleft()), len(self.names))
             if span is not None:
                 self._spans.append(span)
-        mine = RankTiming(_median_backward(timings), ready, list(self._spans), self._link_out_s)
+        mine = RankTiming(_median_backward(timings), ready, list(self._spans), list(self._link_probes))
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
-        links = [r.link_out_s for r in ranks] if self._link_out_s is not None else None
+        links = [r.link_probes for r in ranks] if self._link_probes else None
         report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks], links)
         if report is None:
             return
         before, self.measured.ranks = self.measured.ranks, report
         slow = report.slow_rank
         self._slow_ready = ranks[slow].ready if slow is not None and len(ranks[slow].ready) == len(self.names) else None
-        if (before.verdict if before is not None else (None, None, None)) != report.verdict:
+        if (before.verdict if before is not None else (None,) * len(report.verdict)) != report.verdict:
             if self.rank == 0:
                 logger.log(logging.WARNING if report.named else logging.INFO, "gradsched: %s", report.describe())
             if self.trace is not None:
@@ -247,6 +248,9 @@ class Planner:
                                 f"{report.burst_of}, up to {report.burst_ratio:.2f}x)")
                 if report.link_rank is not None:
                     said.append(f"rank {report.link_rank}'s link slow ({report.link_ratio:.2f}x)")
+                if report.link_burst_rank is not None:
+                    said.append(f"rank {report.link_burst_rank}'s link slow in bursts ({report.link_burst_probes} of "
+                                f"{report.link_probes_of} probes, up to {report.link_burst_ratio:.2f}x)")
                 self.trace.mark("ranks", "; ".join(said) or "no slow rank",
                                 {"backward_ms": [None if s is None else s * 1e3 for s in report.backward_s]})
 
