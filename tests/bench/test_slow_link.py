@@ -96,5 +96,5 @@ def test_a_link_slow_at_two_of_eight_control_points_is_named_slow_in_bursts(tmp_
         assert report["link_rank"] is None and report["link_burst_rank"] == 1, report
         assert report["link_burst_probes"] == 2 and report["link_probes_of"] == 8, report
         assert 2.5 < report["link_burst_ratio"] < 5.0, report
-    assert any("rank 1's link is slow in bursts: in 2 of the latest 8 probes" in line for line in run["said"]), \
-        run["said"]
+    # said once, where the verdict changed (at the second slow probe: the count then, of the probes so far)
+    assert any("rank 1's link is slow in bursts: in 2 of the latest" in line for line in run["said"]), run["said"]

@@ -82,17 +82,15 @@ def test_a_link_slow_in_some_probes_is_named_slow_in_bursts_and_not_throughout()
     assert "rank 2's link is slow in bursts: in 2 of the latest 6 probes" in report.describe()
 
 
-def test_one_slow_probe_is_a_hiccup_and_a_link_slow_in_most_is_slow_throughout():
+def test_one_slow_probe_is_a_hiccup_a_link_slow_in_every_probe_is_slow_throughout_in_most_in_bursts():
     assert LINK_BURST_PROBES == 2
     hiccup = compare_ranks([0.1] * 3, link_probes=_probes([False, False, True, False]))
     assert not hiccup.named and hiccup.link_probes_of == 4
-    mostly = compare_ranks([0.1] * 3, link_probes=_probes([True, True, False, True, True]))
-    assert mostly.link_rank == 2 and mostly.link_burst_rank is None  # one name for one link
-    other = _probes([True, True, False, True, True])  # and rank 0's link slow in probes 1 and 2 beside it:
-    for k in (1, 2):  # its transfers out (0 -> 1) and in (2 -> 0)
-        other[0][k] = other[2][k] = 0.05
-    beside = compare_ranks([0.1] * 3, link_probes=other)
-    assert beside.link_rank == 2 and beside.link_burst_rank == 0 and beside.link_burst_probes == 2
+    steady = compare_ranks([0.1] * 3, link_probes=_probes([True] * 5))
+    assert steady.link_rank == 2 and steady.link_burst_rank is None and steady.link_ratio == pytest.approx(3.0, rel=0.02)
+    mostly = compare_ranks([0.1] * 3, link_probes=_probes([True, True, False, True, True]))  # the median slow: the
+    assert mostly.link_rank is None and mostly.link_out_s[2] > 0.029  # bursts alias with the probes, or last long
+    assert (mostly.link_burst_rank, mostly.link_burst_probes, mostly.link_probes_of) == (2, 4, 5)
 
 
 def test_probes_are_judged_latest_first_as_far_as_every_rank_has_them():

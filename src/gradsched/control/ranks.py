@@ -43,10 +43,11 @@ the one path between them: which end is slow cannot be told there.
 >>> slow_link([0.010, 0.011, 0.010])[0] is None
 True
 
-A link is named slow from each rank's median over its latest probes (up to :data:`LINK_WINDOW`).
-A link slow in bursts (another tenant's traffic, by the clock) keeps a fast median, so every
-probe is also judged alone (the ranks probe at the same control points), and the rank named in
-:data:`LINK_BURST_PROBES` of them or more is named slow in bursts (one is a hiccup):
+A link is named slow from each rank's median over its latest probes (up to :data:`LINK_WINDOW`),
+and every probe is also judged alone (the ranks probe at the same control points): a link is
+slow throughout where the medians and every probe name it, and slow in bursts (another tenant's
+traffic, by the clock) where :data:`LINK_BURST_PROBES` probes or more name it, not all (one is a
+hiccup):
 
 >>> fast, slow = [0.01, 0.01, 0.01], [0.01, 0.04, 0.04]  # one probe: rank 2's link 4x slower, or not
 >>> report = compare_ranks([0.2] * 3, link_probes=list(zip(fast, slow, fast, slow, fast)))
@@ -92,10 +93,10 @@ class RanksReport:
     burst_slowest_s: float | None = None  # its slowest backward pass among them
     link_out_s: tuple[float | None, ...] | None = None  # per rank, its probe transfer to the next rank (3+ ranks),
     # the median over its latest probes
-    link_rank: int | None = None  # the rank whose link is slow (LINK_RATIO, see slow_link); else None
-    link_ratio: float = 1.0  # its faster transfer over the other ranks' median
+    link_rank: int | None = None  # the rank whose link is slow (LINK_RATIO, see slow_link), in every probe; else None
+    link_ratio: float = 1.0  # the slowest link's faster transfer over the other ranks' median (the medians)
     link_median_s: float | None = None  # the other ranks' median (each rank's faster transfer, in or out)
-    link_burst_rank: int | None = None  # another rank whose link was named in LINK_BURST_PROBES or more probes alone
+    link_burst_rank: int | None = None  # a rank whose link LINK_BURST_PROBES or more probes alone named, not all
     link_burst_probes: int = 0  # in how many
     link_probes_of: int = 0  # of how many probes judged alone
     link_burst_ratio: float | None = None  # its link's largest ratio among them
@@ -172,26 +173,30 @@ def compare_ranks(backward_s: Sequence[float | None],
     if links is None:
         return report
     rank, ratio, median = links
-    report = replace(report, link_out_s=tuple(medians), link_rank=rank, link_ratio=ratio, link_median_s=median)
-    return _link_bursts(report, link_probes)
+    report = replace(report, link_out_s=tuple(medians), link_ratio=ratio, link_median_s=median)
+    return _link_verdict(report, rank, link_probes)
 
 
-def _link_bursts(report: RanksReport, link_probes: Sequence[Sequence[float]]) -> RanksReport:
-    """``report`` with the rank, not already named for its link, whose link the most probes named
-    alone (the ranks' k-th latest probes together), where they are :data:`LINK_BURST_PROBES` or more."""
+def _link_verdict(report: RanksReport, steady: int | None, link_probes: Sequence[Sequence[float]]) -> RanksReport:
+    """``report`` with its links named: ``steady`` (named from the medians) slow throughout where
+    every probe judged alone (the ranks' k-th latest together) names it too; else the rank the
+    most probes name alone, where they are :data:`LINK_BURST_PROBES` or more, slow in bursts."""
     probes = min(len(p) for p in link_probes)
     named: dict[int, list[float]] = {}
     for k in range(1, probes + 1):
         verdict = slow_link([p[-k] for p in link_probes])
-        if verdict is not None and verdict[0] is not None and verdict[0] != report.link_rank:
+        if verdict is not None and verdict[0] is not None:
             named.setdefault(verdict[0], []).append(verdict[1])
+    report = replace(report, link_probes_of=probes)
+    if steady is not None and len(named.get(steady, ())) == probes:
+        report = replace(report, link_rank=steady)
+        named.pop(steady)
     if not named:
-        return replace(report, link_probes_of=probes)
+        return report
     rank, ratios = max(named.items(), key=lambda item: (len(item[1]), -item[0]))
     if len(ratios) < LINK_BURST_PROBES:
-        return replace(report, link_probes_of=probes)
-    return replace(report, link_burst_rank=rank, link_burst_probes=len(ratios), link_probes_of=probes,
-                   link_burst_ratio=max(ratios))
+        return report
+    return replace(report, link_burst_rank=rank, link_burst_probes=len(ratios), link_burst_ratio=max(ratios))
 
 
 def _compare_backward(backward_s: Sequence[float | None],
