@@ -189,6 +189,10 @@ def test_a_dilated_runs_ranks_report_is_undilated_with_its_times():
                                      "link_out_s": [0.03, 0.12, 0.12], "link_median_s": 0.03, "link_rank": 2,
                                      "link_ratio": 4.0}).undilated(3).ranks
     assert linked["link_out_s"] == [pytest.approx(0.01), pytest.approx(0.04), pytest.approx(0.04)]
+    probed = RunReport([0.3], ranks={"backward_s": [0.3] * 3, "median_s": 0.3, "slow_rank": None, "ratio": 1.0,
+                                     "link_probes": [[0.03, 0.06], [0.03, 0.12], [0.03, 0.12]]}).undilated(3).ranks
+    assert probed["link_probes"] == [[pytest.approx(0.01), pytest.approx(0.02)],
+                                     [pytest.approx(0.01), pytest.approx(0.04)], [pytest.approx(0.01), pytest.approx(0.04)]]
     assert linked["link_median_s"] == pytest.approx(0.01) and linked["link_ratio"] == 4.0
 
 

@@ -91,6 +91,7 @@ def test_one_slow_probe_is_a_hiccup_a_link_slow_in_every_probe_is_slow_throughou
     mostly = compare_ranks([0.1] * 3, link_probes=_probes([True, True, False, True, True]))  # the median slow: the
     assert mostly.link_rank is None and mostly.link_out_s[2] > 0.029  # bursts alias with the probes, or last long
     assert (mostly.link_burst_rank, mostly.link_burst_probes, mostly.link_probes_of) == (2, 4, 5)
+    assert len(mostly.link_probes) == 3 and mostly.link_probes[1] == tuple(_probes([True, True, False, True, True])[1])
 
 
 def test_probes_are_judged_latest_first_as_far_as_every_rank_has_them():

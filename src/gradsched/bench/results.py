@@ -46,6 +46,8 @@ class RunReport:
             for field_name in ("backward_s", "link_out_s"):  # per rank (the ring probe's: 3+ ranks only)
                 if ranks.get(field_name) is not None:
                     ranks[field_name] = [None if s is None else s / k for s in ranks[field_name]]
+            if ranks.get("link_probes") is not None:  # per rank, each probe
+                ranks["link_probes"] = [[s / k for s in probes] for probes in ranks["link_probes"]]
         return dataclasses.replace(self, times=[t / k for t in self.times], **reports)
 
 

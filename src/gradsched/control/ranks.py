@@ -100,6 +100,7 @@ class RanksReport:
     link_burst_probes: int = 0  # in how many
     link_probes_of: int = 0  # of how many probes judged alone
     link_burst_ratio: float | None = None  # its link's largest ratio among them
+    link_probes: tuple[tuple[float, ...], ...] | None = None  # per rank, the probes judged, oldest first
 
     @property
     def burst_ratio(self) -> float | None:
@@ -187,7 +188,7 @@ def _link_verdict(report: RanksReport, steady: int | None, link_probes: Sequence
         verdict = slow_link([p[-k] for p in link_probes])
         if verdict is not None and verdict[0] is not None:
             named.setdefault(verdict[0], []).append(verdict[1])
-    report = replace(report, link_probes_of=probes)
+    report = replace(report, link_probes_of=probes, link_probes=tuple(tuple(p[-probes:]) for p in link_probes))
     if steady is not None and len(named.get(steady, ())) == probes:
         report = replace(report, link_rank=steady)
         named.pop(steady)
