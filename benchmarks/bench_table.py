@@ -81,7 +81,8 @@ def table(data: dict) -> str:
                  "communication is through its link" if straggler.link else "compute and the bound are its"
                  if straggler.steady else "compute is the mean over its bursts, each cell the mean iteration")
         own = "; rank 0 planned on its own ready times" if data.get("plan_on_slow_rank") is False else ""
-        dilated += f", straggler: {straggler.describe()} ({whose}; gradsched named {', '.join(named) or 'none'}{own})"
+        dilated += (f", straggler: {straggler.describe(data.get('procs_per_node') or 1)} ({whose}; gradsched named "
+                    f"{', '.join(named) or 'none'}{own})")
 
     lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')}){dilated}", "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "

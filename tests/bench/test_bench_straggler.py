@@ -64,16 +64,23 @@ def test_bad_stragglers_are_refused_with_the_reason(text, message):
         _config("--model", "replay-mini", "--iters", "8", "--straggler", text)
 
 
-def test_a_slower_link_needs_no_replay_but_one_rank_per_host_and_a_shaped_link():
+def test_a_slower_link_needs_no_replay_but_a_shaped_link():
     assert BenchConfig(model="mlp", straggler=Straggler(1, 2.0, link=True)).straggling == 1.0  # computes as the others
     link, bursts = Straggler(1, 2.0, link=True), Straggler(1, 2.0, link=True, slow_s=0.1, period_s=0.4)
     for straggler, settings, message in [
-        (link, {"workers": 4, "procs_per_node": 2}, "one rank per host"),
         (link, {"loopback": True}, "tc-limited link"), (bursts, {"bandwidths_bps": (1e9, None)}, "tc-limited link"),
         (bursts, {"arch": "ps", "servers": 1, "policies": ("fifo",)}, "without --arch ps"),
     ]:
         with pytest.raises(ValueError, match=message):
             BenchConfig(model="replay-mini", straggler=straggler, iters=4, **settings)
+
+
+def test_on_hosts_of_several_ranks_a_slower_link_is_its_hosts_shared_by_its_ranks():
+    config = BenchConfig(model="replay-mini", workers=4, procs_per_node=2, iters=4,
+                         straggler=Straggler(3, 2.0, link=True, slow_s=0.1, period_s=0.4))
+    assert config.straggler.host(config.procs_per_node) == 1 and Straggler(1, 2.0, link=True).host(2) == 0
+    assert config.straggler.describe(2) == "host 1's link (its 2 ranks share it) is 2x slower for 100 ms of every 400 ms"
+    assert Straggler(1, 1.5).describe(2) == "rank 1 computes 1.5x slower"  # a compute straggler is its own
 
 
 def test_each_rank_builds_its_replay_with_its_own_steady_factor():
@@ -237,11 +244,14 @@ def test_simulate_runs_a_ring_at_the_slow_links_pace(capsys):
 
 
 @pytest.mark.slow  # CI: the smoke run keeps the bench working; the straggler's parts are tested above, one by one
-@pytest.mark.parametrize("straggler", ["1:3:link", "1:3:burst=1/2", "1:3:link:burst=50ms/100ms"])
-def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler):
+@pytest.mark.parametrize("straggler, hosts", [("1:3:link", []), ("1:3:burst=1/2", []),
+                                              ("1:3:link:burst=50ms/100ms", []),
+                                              ("3:3:link", ["--nodes", "2", "--procs-per-node", "2"])])
+def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler, hosts):
     """Real ranks on the emulated cluster: a link 3x slower makes communication alone about
-    3x as long as the link's share of the same run without it; bursts (every other iteration
-    3x slower, so the mean compute 2x) raise compute alone to about twice rank 0's own."""
+    3x as long as the link's share of the same run without it (on hosts of two ranks: the
+    second host's link, which the ring crosses into it and out of it); bursts (every other
+    iteration 3x slower, so the mean compute 2x) raise compute alone to about twice rank 0's own."""
     import subprocess
     import sys
 
@@ -252,7 +262,8 @@ def test_a_bench_run_with_a_slower_link_or_a_straggler_in_bursts(straggler):
     runs = {}
     for extra in ([], ["--straggler", straggler]):
         out = subprocess.run([sys.executable, "-m", "gradsched", "bench", "--model", "replay-mini", "--bandwidth",
-                              "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "ddp,prophet", "--json", *extra],
+                              "1Gbit", "--iters", "4", "--warmup", "1", "--policy", "ddp,prophet", "--json", *hosts,
+                              *extra],
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         runs[bool(extra)] = json.loads(out.stdout)

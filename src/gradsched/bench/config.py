@@ -106,9 +106,6 @@ class BenchConfig:
         check_dilation(self.dilation, replay)
         if self.straggler is not None:
             self.straggler.check(self.workers, replay, self.iters)
-            if self.straggler.link and self.procs_per_node > 1:
-                raise ValueError("--straggler ...:link slows a host's link, which --procs-per-node > 1 shares among "
-                                 "its ranks: run one rank per host")
             if self.straggler.link and (self.loopback or None in self.bandwidths_bps):
                 raise ValueError("--straggler ...:link slows a tc-limited link: give --bandwidth (no 'none' in a "
                                  "sweep) and drop --loopback")

@@ -96,11 +96,12 @@ def measure(config: BenchConfig, bandwidth: float | None, progress: Callable[[di
     rate = None if bandwidth is None else bandwidth / k
     straggler = config.straggler
     steady = straggler is not None and straggler.link and straggler.steady
-    slower = {straggler.rank: straggler.factor} if steady else None
+    host = None if straggler is None else straggler.host(config.procs_per_node)  # the link slowed: its host's
+    slower = {host: straggler.factor} if steady else None
     with EmulatedCluster(config.hosts, rate, config.latency_s * k, mtu=config.mtu, slower=slower) as cluster:
         if straggler is None or not straggler.link_bursts:
             return launch(config, cluster, progress, runs, iters).undilated(k)
-        with LinkSwitch(cluster, straggler, k) as switch:  # by the clock, from before the ranks start
+        with LinkSwitch(cluster, straggler, k, host) as switch:  # by the clock, from before the ranks start
             report = launch(config, cluster, progress, runs, iters)
         if switch.errors:
             raise RuntimeError(f"the straggler's link could not be switched: {switch.errors[0]}")

@@ -26,16 +26,19 @@ from .straggler import Straggler
 
 
 class LinkSwitch:
-    """``with LinkSwitch(cluster, straggler, dilation):`` the straggler's link slow, then fast, by
-    the clock, until the block ends (then fast). ``changes`` keeps (slow?, when it began, seconds
+    """``with LinkSwitch(cluster, straggler, dilation, host):`` the straggler's link (its ``host``'s,
+    by default host ``straggler.rank``: one rank per host) slow, then fast, by the clock, until the
+    block ends (then fast). ``changes`` keeps (slow?, when it began, seconds
     the reshaping took) of each change; ``errors`` what failed (the launcher then fails the run)."""
 
-    def __init__(self, cluster: EmulatedCluster, straggler: Straggler, dilation: float = 1.0) -> None:
+    def __init__(self, cluster: EmulatedCluster, straggler: Straggler, dilation: float = 1.0,
+                 host: int | None = None) -> None:
         if not straggler.link_bursts:
             raise ValueError(f"a LinkSwitch is for a link slowed in bursts, not {straggler.describe()!r}")
         if not dilation > 0:
             raise ValueError(f"dilation must be > 0, got {dilation}")
         self.cluster, self.straggler = cluster, straggler
+        self.host = straggler.rank if host is None else host
         self.slow_s, self.fast_s = straggler.slow_s * dilation, (straggler.period_s - straggler.slow_s) * dilation
         self.changes: list[tuple[bool, float, float]] = []
         self.errors: list[str] = []
@@ -49,7 +52,7 @@ class LinkSwitch:
     def _set(self, slow: bool) -> bool:
         start = time.perf_counter()
         try:
-            self.cluster.set_slower(self.straggler.rank, self.straggler.factor if slow else 1.0)
+            self.cluster.set_slower(self.host, self.straggler.factor if slow else 1.0)
         except Exception as exc:  # said by the launcher after the run, which then fails
             self.errors.append(str(exc))
             return False

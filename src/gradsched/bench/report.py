@@ -78,7 +78,7 @@ def settings_text(config: BenchConfig, settings: Sequence[Setting]) -> str:
                      + (f" · latency {config.latency_s * 1e3:g} ms" if config.latency_s else ""))
         lines.append(f"  {work.description}")
         if config.straggler is not None:
-            lines.append(f"  straggler: {config.straggler.describe()}; "
+            lines.append(f"  straggler: {config.straggler.describe(config.procs_per_node)}; "
                          + ("" if config.plan_on_slow_rank else "rank 0 plans on its own ready times (--own-plans); ") + (
                 f"communication below is the mean over 8+ of its periods (its link at "
                 f"{config.straggler.rate_share:.0%} of its rate averaged over the clock: the bound every schedule "

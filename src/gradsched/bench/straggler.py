@@ -19,6 +19,8 @@ iterations, whichever are more).
 ([True, False, False, False, True], 1.25, 'rank 0 computes 2x slower in 1 of every 4 iterations')
 >>> Straggler.parse("1:1.5:link").describe()
 "rank 1's link is 1.5x slower"
+>>> Straggler.parse("3:2:link").describe(procs_per_node=2)  # hosts of 2 ranks: host 3 // 2's link, shared
+"host 1's link (its 2 ranks share it) is 2x slower"
 >>> t = Straggler.parse("2:3:link:burst=100ms/0.4s")
 >>> t.slow_s, t.period_s, t.link_bursts, t.describe()
 (0.1, 0.4, True, "rank 2's link is 3x slower for 100 ms of every 400 ms")
@@ -147,8 +149,16 @@ class Straggler:
         (bursts are paced step by step; a link straggler computes as the others)."""
         return self.factor if rank == self.rank and self.steady and not self.link else 1.0
 
-    def describe(self) -> str:
-        what = f"rank {self.rank}'s link is" if self.link else f"rank {self.rank} computes"
+    def host(self, procs_per_node: int = 1) -> int:
+        """The emulated host whose link a link straggler slows: RANK // ``procs_per_node`` (its
+        ranks share the link; with one torchrun per host, the rendezvous decides which ranks
+        those are)."""
+        return self.rank // procs_per_node
+
+    def describe(self, procs_per_node: int = 1) -> str:
+        """In words; with hosts of ``procs_per_node`` ranks a link straggler's link is a host's."""
+        what = f"rank {self.rank} computes" if not self.link else f"rank {self.rank}'s link is" \
+            if procs_per_node == 1 else f"host {self.host(procs_per_node)}'s link (its {procs_per_node} ranks share it) is"
         when = "" if self.steady else f" in {self.slow} of every {self.period} iterations" if self.period else \
             f" for {format_duration(self.slow_s)} of every {format_duration(self.period_s)}"
         return f"{what} {self.factor:g}x slower{when}"
