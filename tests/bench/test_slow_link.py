@@ -19,16 +19,17 @@ from netns_helpers import needs_netns
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "slow_link.py"
 
 
-def _run(slower: dict[int, float], run_id: str, switch=None) -> dict:
+def _run(slower: dict[int, float], run_id: str, switch=None, ranks_per_host: int = 1) -> dict:
     """The worker on 3 ranks, rank 0's JSON line back; ``switch(cluster)``, where given, runs
-    beside it (a thread: the link slowed when the worker asks)."""
+    beside it (a thread: the link slowed when the worker asks); ``ranks_per_host`` what each rank
+    is told of its host (LOCAL_WORLD_SIZE)."""
     with EmulatedCluster(3, 1e9, run_id=run_id, slower=slower) as cluster:
         processes = Processes(cluster, torchrun=False)
         watcher = None
         try:
             for host, argv, env, stdout in starts(False, 3, 1, cluster, [str(WORKER)], cluster.addresses[0], 29631,
                                                   subprocess.PIPE):
-                processes.start(host, argv, env, stdout)
+                processes.start(host, argv, dict(env, LOCAL_WORLD_SIZE=str(ranks_per_host)), stdout)
             if switch is not None:
                 watcher = threading.Thread(target=switch, args=(cluster,), daemon=True)
                 watcher.start()
@@ -54,6 +55,18 @@ def test_a_rank_whose_link_is_slower_is_named_by_every_rank():
         assert 0.025 < out[0] < 0.06 and report["link_median_s"] == pytest.approx(out[0])
     # (the backward passes, a millisecond or two here, are not judged: this host's noise at that scale)
     assert any("rank 2's link is slow" in line for line in slow["said"]), slow["said"]
+
+
+@pytest.mark.slow  # CI: the named case above
+@needs_netns
+def test_ranks_told_they_share_a_host_name_no_link():
+    """Where a rank shares its host (LOCAL_WORLD_SIZE > 1, as torchrun sets it), its transfers to
+    a rank of the same host cross no link, so no link is judged (here every rank is told so,
+    though each has a namespace of its own: rank 2's slower link is not named)."""
+    shared = _run({2: 4.0}, "t11", ranks_per_host=3)
+    for report in shared["ranks"]:
+        assert report["link_rank"] is None and report["link_burst_rank"] is None and report["link_out_s"] is None
+    assert not any("link is slow" in line for line in shared["said"])
 
 
 @pytest.mark.slow  # CI: the named case above and slow_link's verdicts (tests/control/test_ranks.py)

@@ -97,7 +97,8 @@ def starts(torchrun: bool, hosts: int, procs_per_node: int, cluster: EmulatedClu
                 for host in range(hosts)]
     ranks = hosts * procs_per_node
     return [(rank // procs_per_node, [sys.executable, *worker],
-             dict(env, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
+             dict(env, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank % procs_per_node),
+                  LOCAL_WORLD_SIZE=str(procs_per_node),
                   MASTER_ADDR=master, MASTER_PORT=str(port)),
              stdout if rank == 0 else subprocess.DEVNULL) for rank in range(ranks)]
 

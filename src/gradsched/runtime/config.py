@@ -32,14 +32,17 @@ class Environment:
     emulate_nccl: tuple[float, float] | None = None  # GRADSCHED_EMULATE_NCCL=LATENCY[,DURATION] (seconds): CPU
     #   tensors get NCCL's completion semantics (gradsched.runtime.device.emulated; tests)
     cuda_max_connections: str | None = None  # CUDA_DEVICE_MAX_CONNECTIONS (CUDA's): 1 makes overlap impossible
+    ranks_per_host: int = 1  # LOCAL_WORLD_SIZE (torchrun's): the ranks on this rank's host (1 where not set)
 
     @classmethod
     def read(cls) -> Environment:
         env = os.environ
         piece = env.get("GRADSCHED_PS_PIECE_BYTES")
+        local = env.get("LOCAL_WORLD_SIZE", "")
         return cls(env.get("GRADSCHED_POLICY") or None, env.get("GRADSCHED_ORDERED_COMPLETION") == "1",
                    int(piece) if piece else None, env.get("PYTORCH_DDP_USE_SIDE_STREAM", "1") == "1",
-                   _emulation(env.get("GRADSCHED_EMULATE_NCCL")), env.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+                   _emulation(env.get("GRADSCHED_EMULATE_NCCL")), env.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+                   int(local) if local.isdigit() and int(local) > 0 else 1)
 
 
 def _emulation(value: str | None) -> tuple[float, float] | None:

@@ -70,7 +70,8 @@ class Planner:
                  group: dist.ProcessGroup, rank: int, world_size: int,
                  probe_group: dist.ProcessGroup | None = None, clock: Clock | None = None,
                  settle: Callable[[], None] | None = None, measured: Measurements | None = None,
-                 gathers: Callable[[], GatherModel | None] | None = None, trace: RunTrace | None = None) -> None:
+                 gathers: Callable[[], GatherModel | None] | None = None, trace: RunTrace | None = None,
+                 ranks_per_host: int = 1) -> None:
         self.tensors = list(tensors)
         self.names = [t.name for t in self.tensors]
         self.sizes = {t.name: (p.numel(), p.element_size()) for t, p in zip(self.tensors, params)}
@@ -116,6 +117,10 @@ class Planner:
         self._recorded = 0
         # this rank's ring probes (3+ ranks), one at every control point: whose link is slow, steadily or in bursts
         self._link_probes: deque[float] = deque(maxlen=LINK_WINDOW)
+        # the ranks on this rank's host; where any rank shares its host, its transfers to a rank of the same
+        # host do not cross a link, and no link is named (nor probed after the first exchange says so)
+        self.ranks_per_host = ranks_per_host
+        self._shared_hosts = False
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -193,7 +198,7 @@ class Planner:
                 probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
                 self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
                     partial(self.exchange.device.run, self.probe_group, probe))
-        if self.world_size >= 3:
+        if self.world_size >= 3 and not self._shared_hosts:
             self._probe_ring()
         if self.world_size > 1:
             self._compare_ranks()
@@ -228,10 +233,12 @@ class Planner:
             span = _backward_span(self.clock.resolve(self._unresolved.popleft()), len(self.names))
             if span is not None:
                 self._spans.append(span)
-        mine = RankTiming(_median_backward(timings), ready, list(self._spans), list(self._link_probes))
+        mine = RankTiming(_median_backward(timings), ready, list(self._spans), list(self._link_probes),
+                          self.ranks_per_host)
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
-        links = [r.link_probes for r in ranks] if self._link_probes else None
+        self._shared_hosts = any(r.ranks_per_host > 1 for r in ranks)  # alike on every rank: they all gathered it
+        links = [r.link_probes for r in ranks] if self._link_probes and not self._shared_hosts else None
         report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks], links)
         if report is None:
             return

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from gradsched.runtime.comm.broadcast import broadcast_model
+from gradsched.runtime.config import Environment
 from gradsched.runtime.training.architecture import Architecture
 from gradsched.runtime.training.dataplane import open_data_plane
 from gradsched.runtime.diagnostics.exposure import say_exposure
@@ -93,7 +94,8 @@ class Plane:
                                self.waits.owners(run.names), self.exchange, topology.control, self.run.rank,
                                self.run.world_size, topology.data, run.clock,
                                settle=partial(self.handover.wait, range(len(run.params)), "all parameters"),
-                               measured=run.measured, gathers=self.stepping.gather_model, trace=run.trace)
+                               measured=run.measured, gathers=self.stepping.gather_model, trace=run.trace,
+                               ranks_per_host=Environment.read().ranks_per_host)
         self._handles: list[Any] = []
 
     # -- what join asks (gradsched.runtime.training.join.Joining) -------------------------------
