@@ -84,7 +84,11 @@ def table(data: dict) -> str:
         dilated += (f", straggler: {straggler.describe(data.get('procs_per_node') or 1)} ({whose}; gradsched named "
                     f"{', '.join(named) or 'none'}{own})")
 
-    lines = [f"**{data['model']}**, {data['workers']} workers{servers} ({data.get('description', '')}){dilated}", "",
+    per_host = data.get("procs_per_node") or 1
+    hosts = f" on {(data['workers'] + (data.get('servers') or 0)) // per_host} hosts of {per_host} ranks" \
+        if per_host > 1 else ""
+    lines = [f"**{data['model']}**, {data['workers']} workers{servers}{hosts} ({data.get('description', '')}){dilated}",
+             "",
              "| Gbit/s | compute ms | comm ms | " + "".join(f"{e} | " for e in extra) + "bound ms | "
              + " | ".join(policies) + " |",
              "|---:|---:|---:|" + "---:|" * len(extra) + "---:|" + "---:|" * len(policies)]
