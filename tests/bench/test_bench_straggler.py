@@ -213,6 +213,8 @@ def test_the_bench_says_which_rank_it_named_and_how():
     assert named_slow({"slow_rank": None, "link_rank": 2, "link_ratio": 3.9}) == "rank 2's link (3.90x)"
     assert named_slow({"slow_rank": None, "link_burst_rank": 1, "link_burst_probes": 2, "link_probes_of": 4,
                        "link_burst_ratio": 1.98}) == "rank 1's link in bursts (2 of 4 probes, up to 1.98x)"
+    assert named_slow({"slow_rank": None, "link_rank": 1, "link_ratio": 2.0, "ranks_per_host": 2}) == \
+        "host 1's link (ranks 2-3) (2.00x)"
 
 
 def test_simulate_runs_the_cluster_on_the_slow_workers_compute(capsys):

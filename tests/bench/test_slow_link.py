@@ -19,17 +19,19 @@ from netns_helpers import needs_netns
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "slow_link.py"
 
 
-def _run(slower: dict[int, float], run_id: str, switch=None, ranks_per_host: int = 1) -> dict:
-    """The worker on 3 ranks, rank 0's JSON line back; ``switch(cluster)``, where given, runs
-    beside it (a thread: the link slowed when the worker asks); ``ranks_per_host`` what each rank
-    is told of its host (LOCAL_WORLD_SIZE)."""
+def _run(slower: dict[int, float], run_id: str, switch=None, ranks_per_host: int | None = None,
+         procs_per_node: int = 1) -> dict:
+    """The worker on 3 hosts of ``procs_per_node`` ranks, rank 0's JSON line back; ``switch(cluster)``,
+    where given, runs beside it (a thread: the link slowed when the worker asks); ``ranks_per_host``
+    what each rank is told of its host (LOCAL_WORLD_SIZE; by default the truth)."""
+    told = {} if ranks_per_host is None else {"LOCAL_WORLD_SIZE": str(ranks_per_host)}
     with EmulatedCluster(3, 1e9, run_id=run_id, slower=slower) as cluster:
         processes = Processes(cluster, torchrun=False)
         watcher = None
         try:
-            for host, argv, env, stdout in starts(False, 3, 1, cluster, [str(WORKER)], cluster.addresses[0], 29631,
-                                                  subprocess.PIPE):
-                processes.start(host, argv, dict(env, LOCAL_WORLD_SIZE=str(ranks_per_host)), stdout)
+            for host, argv, env, stdout in starts(False, 3, procs_per_node, cluster, [str(WORKER)], cluster.addresses[0],
+                                                  29631, subprocess.PIPE):
+                processes.start(host, argv, dict(env, **told), stdout)
             if switch is not None:
                 watcher = threading.Thread(target=switch, args=(cluster,), daemon=True)
                 watcher.start()
@@ -59,14 +61,27 @@ def test_a_rank_whose_link_is_slower_is_named_by_every_rank():
 
 @pytest.mark.slow  # CI: the named case above
 @needs_netns
-def test_ranks_told_they_share_a_host_name_no_link():
-    """Where a rank shares its host (LOCAL_WORLD_SIZE > 1, as torchrun sets it), its transfers to
-    a rank of the same host cross no link, so no link is judged (here every rank is told so,
-    though each has a namespace of its own: rank 2's slower link is not named)."""
+def test_ranks_told_they_share_one_host_name_no_link():
+    """Every rank told it is one of 3 on its host (LOCAL_WORLD_SIZE, as torchrun sets it), though
+    each has a namespace of its own: one host, no link between hosts to judge, so rank 2's slower
+    link is not named."""
     shared = _run({2: 4.0}, "t11", ranks_per_host=3)
     for report in shared["ranks"]:
         assert report["link_rank"] is None and report["link_burst_rank"] is None and report["link_out_s"] is None
     assert not any("link is slow" in line for line in shared["said"])
+
+
+@pytest.mark.slow  # CI: the named case above and the hosts' verdicts (tests/control/test_ranks.py)
+@needs_netns
+def test_on_hosts_of_two_ranks_the_slow_hosts_link_is_named():
+    """3 hosts of 2 ranks each (6 ranks), host 1's link 4x slower: every rank names host 1's link
+    (ranks 2-3), from the transfers that leave each host."""
+    hosts = _run({1: 4.0}, "t12", procs_per_node=2)
+    assert len(hosts["ranks"]) == 6
+    for report in hosts["ranks"]:
+        assert report["ranks_per_host"] == 2 and report["link_rank"] == 1 and 2.5 < report["link_ratio"] < 5.0, report
+        assert len(report["link_out_s"]) == 3
+    assert any("host 1's link (ranks 2-3) is slow" in line for line in hosts["said"]), hosts["said"]
 
 
 @pytest.mark.slow  # CI: the named case above and slow_link's verdicts (tests/control/test_ranks.py)

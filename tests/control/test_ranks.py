@@ -99,3 +99,19 @@ def test_probes_are_judged_latest_first_as_far_as_every_rank_has_them():
     probes[0] = probes[0][2:]  # rank 0 kept only its two latest: the slow ones are out of its window
     report = compare_ranks([0.1] * 3, link_probes=probes)
     assert report.link_probes_of == 2 and report.link_burst_rank is None
+
+
+def test_on_hosts_of_several_ranks_the_links_judged_are_the_hosts():
+    """3 hosts of 2 ranks (consecutive): within a host the transfer crosses no link (1 ms); host
+    1's link 3x slower makes the transfers into it (1 -> 2) and out of it (3 -> 4) slow; judged per
+    rank, every rank would have a fast transfer and none be named."""
+    probe = [0.001, 0.030, 0.001, 0.030, 0.001, 0.010]
+    report = compare_ranks([0.2] * 6, link_probes=[[p] for p in probe], ranks_per_host=2)
+    assert report.ranks_per_host == 2 and report.link_rank == 1 and report.link_ratio == pytest.approx(3.0)
+    assert report.link_out_s == (0.030, 0.030, 0.010)  # what leaves each host
+    assert "host 1's link (ranks 2-3) is slow" in report.describe()
+    assert compare_ranks([0.2] * 6, link_probes=[[p] for p in probe]).link_rank is None  # judged per rank
+    bursts = compare_ranks([0.2] * 6, link_probes=[[0.01, p, 0.01, p] if p > 0.002 else [0.001] * 4 for p in probe],
+                           ranks_per_host=2)
+    assert bursts.link_rank is None and bursts.link_burst_rank == 1 and bursts.link_burst_probes == 2
+    assert compare_ranks([0.2] * 4, link_probes=[[p] for p in probe[:4]], ranks_per_host=2).link_out_s is None  # 2 hosts

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..control.ranks import whose_link
 from ..core.policies import POLICIES, is_buckets
 from ..sim.bounds import raises_bound
 from ..units import format_bytes
@@ -158,10 +159,11 @@ def named_slow(ranks: dict | None) -> str:
     if ranks.get("burst_rank") is not None:
         said.append(f"rank {ranks['burst_rank']} in bursts ({ranks['burst_rounds']} of {ranks['burst_of']} rounds, "
                     f"up to {ranks['burst_slowest_s'] / ranks['median_s']:.2f}x)")
+    per = ranks.get("ranks_per_host") or 1
     if ranks.get("link_rank") is not None:
-        said.append(f"rank {ranks['link_rank']}'s link ({ranks['link_ratio']:.2f}x)")
+        said.append(f"{whose_link(ranks['link_rank'], per)} ({ranks['link_ratio']:.2f}x)")
     if ranks.get("link_burst_rank") is not None:
-        said.append(f"rank {ranks['link_burst_rank']}'s link in bursts ({ranks['link_burst_probes']} of "
+        said.append(f"{whose_link(ranks['link_burst_rank'], per)} in bursts ({ranks['link_burst_probes']} of "
                     f"{ranks['link_probes_of']} probes, up to {ranks['link_burst_ratio']:.2f}x)")
     return ", ".join(said)
 

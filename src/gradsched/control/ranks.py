@@ -53,6 +53,15 @@ hiccup):
 >>> report = compare_ranks([0.2] * 3, link_probes=list(zip(fast, slow, fast, slow, fast)))
 >>> report.link_rank, report.link_burst_rank, report.link_burst_probes, report.link_probes_of, report.link_burst_ratio
 (None, 2, 2, 5, 4.0)
+
+On hosts of several ranks (``ranks_per_host`` P, the ranks of a host consecutive, as torchrun
+numbers them) a rank's transfer to a rank of its own host crosses no link; the transfers that
+leave a host (its last rank's, to the next host's first) are judged as one rank's would be, and
+a slow link is a host's (``link_rank`` is then a host, the report says so):
+
+>>> hosts = compare_ranks([0.2] * 6, link_probes=[[0.001], [0.01], [0.001], [0.04], [0.001], [0.04]], ranks_per_host=2)
+>>> hosts.link_rank, hosts.describe().split("; ")[1][:40]
+(2, "host 2's link (ranks 4-5) is slow: its t")
 """
 
 from __future__ import annotations
@@ -101,6 +110,7 @@ class RanksReport:
     link_probes_of: int = 0  # of how many probes judged alone
     link_burst_ratio: float | None = None  # its link's largest ratio among them
     link_probes: tuple[tuple[float, ...], ...] | None = None  # per rank, the probes judged, oldest first
+    ranks_per_host: int = 1  # > 1: the links judged are hosts' (link_rank, link_burst_rank and link_out_s by host)
 
     @property
     def burst_ratio(self) -> float | None:
@@ -122,14 +132,18 @@ class RanksReport:
                      f"{BURST_RATIO:.2f}x the other ranks' median or more, the slowest {self.burst_ratio:.2f}x "
                      f"({self.burst_slowest_s * 1e3:.1f} ms); plans stay on the medians")
         if self.link_rank is not None:
-            text += (f"; rank {self.link_rank}'s link is slow: its transfers to and from its ring neighbours took "
+            text += (f"; {self.whose_link(self.link_rank)} is slow: its transfers to and from its ring neighbours took "
                      f"{self.link_ratio:.2f}x the other ranks' median ({self.link_ratio * self.link_median_s * 1e3:.1f} "
                      f"ms against {self.link_median_s * 1e3:.1f} ms); every ring collective goes at its pace")
         if self.link_burst_rank is not None:
-            text += (f"; rank {self.link_burst_rank}'s link is slow in bursts: in {self.link_burst_probes} of the "
+            text += (f"; {self.whose_link(self.link_burst_rank)} is slow in bursts: in {self.link_burst_probes} of the "
                      f"latest {self.link_probes_of} probes its transfers to and from its ring neighbours took "
                      f"{LINK_RATIO:.2f}x the other ranks' or more, up to {self.link_burst_ratio:.2f}x")
         return text
+
+    def whose_link(self, index: int) -> str:
+        """The link ``index`` names, in words (:func:`whose_link`)."""
+        return whose_link(index, self.ranks_per_host)
 
     @property
     def verdict(self) -> tuple[int | None, int | None, int | None, int | None]:
@@ -141,6 +155,13 @@ class RanksReport:
     def named(self) -> bool:
         """Whether any rank is named (slow, slow in bursts, or its link slow)."""
         return any(rank is not None for rank in self.verdict)
+
+
+def whose_link(index: int, ranks_per_host: int = 1) -> str:
+    """"rank 2's link", or on hosts of several ranks (the links judged then hosts') "host 1's link
+    (ranks 2-3)"."""
+    per = ranks_per_host
+    return f"rank {index}'s link" if per == 1 else f"host {index}'s link (ranks {index * per}-{index * per + per - 1})"
 
 
 def slow_link(out_s: Sequence[float | None]) -> tuple[int | None, float, float] | None:
@@ -160,15 +181,19 @@ def slow_link(out_s: Sequence[float | None]) -> tuple[int | None, float, float] 
 
 def compare_ranks(backward_s: Sequence[float | None],
                   spans: Sequence[Sequence[float]] | None = None,
-                  link_probes: Sequence[Sequence[float]] | None = None) -> RanksReport | None:
+                  link_probes: Sequence[Sequence[float]] | None = None, ranks_per_host: int = 1) -> RanksReport | None:
     """The report for every rank's median backward pass (seconds, in rank order; None where a
     rank measured none yet) and, where given, each rank's backward pass in each of its latest
     rounds and its probe transfers to the next rank, the latest probes in the order they were
-    made, at the same control points on every rank (:func:`slow_link`); None where fewer than
-    two ranks measured a backward pass."""
+    made, at the same control points on every rank (:func:`slow_link`), on hosts of
+    ``ranks_per_host`` ranks those that leave each host; None where fewer than two ranks
+    measured a backward pass."""
     report = _compare_backward(backward_s, spans)
     if report is None or not link_probes or not all(link_probes):
         return report
+    if ranks_per_host > 1:  # what leaves each host: its last rank's transfer, to the next host's first
+        link_probes = list(link_probes)[ranks_per_host - 1 :: ranks_per_host]
+        report = replace(report, ranks_per_host=ranks_per_host)
     medians = [statistics.median_high(probes) for probes in link_probes]
     links = slow_link(medians)
     if links is None:

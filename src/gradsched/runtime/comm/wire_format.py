@@ -97,7 +97,7 @@ class RankTiming:
     spans: list[float] = field(default_factory=list)  # its backward pass in each of its latest rounds (bursts)
     link_probes: list[float] = field(default_factory=list)  # its probe transfers to the next rank of the ring, the
     # latest (3+ ranks; one per control point, oldest first; empty: not probed)
-    ranks_per_host: int = 1  # the ranks on its host (LOCAL_WORLD_SIZE): more than one, and no link is named
+    ranks_per_host: int = 1  # the ranks on its host (LOCAL_WORLD_SIZE): the links judged are the hosts'
 
 
 KINDS: dict[str, type] = {"plan": PlanUpdate, "proposal": Proposal, "checks": RankChecks, "state_keys": StateKeys,

@@ -117,10 +117,11 @@ class Planner:
         self._recorded = 0
         # this rank's ring probes (3+ ranks), one at every control point: whose link is slow, steadily or in bursts
         self._link_probes: deque[float] = deque(maxlen=LINK_WINDOW)
-        # the ranks on this rank's host; where any rank shares its host, its transfers to a rank of the same
-        # host do not cross a link, and no link is named (nor probed after the first exchange says so)
+        # the ranks on this rank's host: where every host has as many (consecutive ranks), the links judged are
+        # the hosts' (a transfer within a host crosses none); where they differ no link is named (nor probed after
+        # the first exchange says so)
         self.ranks_per_host = ranks_per_host
-        self._shared_hosts = False
+        self._uneven_hosts = False
 
     def _experiment(self, kinds: Sequence[ArmKind]) -> ArmsExperiment:
         tuner = None
@@ -198,7 +199,7 @@ class Planner:
                 probe = partial(probe_link, self.probe_group, self.device, wire=wire_dtype(self.config.compression))
                 self.link = self.exchange.between_rounds(  # after what the data group queued (emulated NCCL)
                     partial(self.exchange.device.run, self.probe_group, probe))
-        if self.world_size >= 3 and not self._shared_hosts:
+        if self.world_size >= 3 and not self._uneven_hosts:
             self._probe_ring()
         if self.world_size > 1:
             self._compare_ranks()
@@ -237,9 +238,10 @@ class Planner:
                           self.ranks_per_host)
         with failing_rank("comparing the ranks' timings", self.exchange.explain):
             ranks = wire_format.all_gather("rank_timing", mine, self.group)
-        self._shared_hosts = any(r.ranks_per_host > 1 for r in ranks)  # alike on every rank: they all gathered it
-        links = [r.link_probes for r in ranks] if self._link_probes and not self._shared_hosts else None
-        report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks], links)
+        per_host = {r.ranks_per_host for r in ranks}  # alike on every rank: they all gathered it
+        self._uneven_hosts = len(per_host) > 1 or self.world_size % max(per_host) != 0
+        links = [r.link_probes for r in ranks] if self._link_probes and not self._uneven_hosts else None
+        report = compare_ranks([r.backward_s for r in ranks], [r.spans for r in ranks], links, max(per_host))
         if report is None:
             return
         before, self.measured.ranks = self.measured.ranks, report
@@ -254,10 +256,10 @@ class Planner:
                     said.append(f"rank {report.burst_rank} slow in bursts ({report.burst_rounds} of "
                                 f"{report.burst_of}, up to {report.burst_ratio:.2f}x)")
                 if report.link_rank is not None:
-                    said.append(f"rank {report.link_rank}'s link slow ({report.link_ratio:.2f}x)")
+                    said.append(f"{report.whose_link(report.link_rank)} slow ({report.link_ratio:.2f}x)")
                 if report.link_burst_rank is not None:
-                    said.append(f"rank {report.link_burst_rank}'s link slow in bursts ({report.link_burst_probes} of "
-                                f"{report.link_probes_of} probes, up to {report.link_burst_ratio:.2f}x)")
+                    said.append(f"{report.whose_link(report.link_burst_rank)} slow in bursts ({report.link_burst_probes} "
+                                f"of {report.link_probes_of} probes, up to {report.link_burst_ratio:.2f}x)")
                 self.trace.mark("ranks", "; ".join(said) or "no slow rank",
                                 {"backward_ms": [None if s is None else s * 1e3 for s in report.backward_s]})
 
