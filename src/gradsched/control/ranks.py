@@ -110,7 +110,7 @@ class RanksReport:
     link_probes_of: int = 0  # of how many probes judged alone
     link_burst_ratio: float | None = None  # its link's largest ratio among them
     link_probes: tuple[tuple[float, ...], ...] | None = None  # per rank, the probes judged, oldest first
-    ranks_per_host: int = 1  # > 1: the links judged are hosts' (link_rank, link_burst_rank and link_out_s by host)
+    ranks_per_host: int = 1  # > 1: the links judged are hosts' (link_rank, link_burst_rank, link_out_s, link_probes by host)
 
     @property
     def burst_ratio(self) -> float | None:
