@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 from gradsched.bench.figures import measured_setting
 from gradsched.bench.straggler import Straggler
 from gradsched.core import policy_config
 from gradsched.core.policies import FifoConfig, is_buckets
-from gradsched.sim.cluster import LinkBursts
-from gradsched.sim.predict import link_cluster, predict
+from gradsched.sim.predict import averaging, link_cluster, predict
 
 
 def ran(row: dict):
@@ -38,8 +36,7 @@ def rows(path: str, batch: int) -> list[str]:
         raise SystemExit(f"{path}: not a run with a link slowed in bursts (--straggler RANK:FACTOR:link:burst=S/P)")
     model, link = measured_setting(run, batch)
     steady = link_cluster(link, run["workers"])  # the rate averaged over the clock, as measured
-    bursts = LinkBursts(straggler.factor, straggler.slow_s, straggler.period_s)
-    bursty = replace(steady, bandwidth_bps=steady.bandwidth_bps / bursts.rate_share, bursts=bursts)
+    bursty = averaging(steady, straggler.bursts)
     out = []
     for row in run["results"]:
         measured = row["iteration_s"]

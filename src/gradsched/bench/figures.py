@@ -12,7 +12,8 @@ from ..core import MeasuredLink, policy_config
 from ..core.base import PolicyConfig
 from ..core.policies import FifoConfig, is_buckets
 from ..sim import dependency_bound, link_cluster, predict, scaled
-from ..sim.cluster import Cluster, LinkBursts
+from ..sim.cluster import Cluster
+from ..sim.predict import averaging
 from ..sim.fsdp import fsdp_iteration_s
 from .config import BASELINES, FSDP2, BenchConfig
 from .protocol import COMM_ONLY, COMPUTE_ONLY, SERVERS_ONLY, Run
@@ -175,11 +176,8 @@ def _bursty(config: BenchConfig, cluster: Cluster) -> Cluster:
     """``cluster`` (on the link as measured, averaged over the clock) as the simulator models a link
     slowed in bursts by the clock: the fast rate, slower in the straggler's bursts (undilated, as
     the figures are), the same rate on average; as it is without such bursts."""
-    straggler = config.straggler
-    if straggler is None or not straggler.link_bursts:
-        return cluster
-    bursts = LinkBursts(straggler.factor, straggler.slow_s, straggler.period_s)
-    return replace(cluster, bandwidth_bps=cluster.bandwidth_bps / bursts.rate_share, bursts=bursts)
+    bursts = config.straggler.bursts if config.straggler is not None else None
+    return cluster if bursts is None else averaging(cluster, bursts)
 
 
 def _periods(config: BenchConfig, times: list[float]) -> float | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..sim.cluster import LinkBursts
 from ..units import format_duration, parse_duration
 
 USAGE = ("RANK:FACTOR[:link][:burst=SLOW/PERIOD], such as 1:1.5, 1:1.5:link, 1:2:burst=1/4 (iterations) or "
@@ -134,15 +135,17 @@ class Straggler:
         return bool(self.period_s)
 
     @property
+    def bursts(self) -> LinkBursts | None:
+        """A link's bursts by the clock as the simulator models them (None: no such bursts)."""
+        return LinkBursts(self.factor, self.slow_s, self.period_s) if self.link_bursts else None
+
+    @property
     def rate_share(self) -> float:
         """The share of its own rate the straggler's link carries, averaged over the clock (1: no
         link straggler)."""
         if not self.link:
             return 1.0
-        if not self.link_bursts:
-            return 1 / self.factor
-        slow = self.slow_s / self.period_s
-        return 1 - slow + slow / self.factor
+        return self.bursts.rate_share if self.link_bursts else 1 / self.factor
 
     def compute_factor(self, rank: int) -> float:
         """The factor ``rank``'s replayed compute is built with: the steady compute straggler's

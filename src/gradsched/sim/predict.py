@@ -115,6 +115,17 @@ def link_bursts(table: ModelTable, cluster: Cluster, factor: float, slow_s: floa
     return named, replace(cluster, bursts=bursts)
 
 
+def averaging(cluster: Cluster, bursts: LinkBursts) -> Cluster:
+    """``cluster`` (a link as measured over the clock, its rate the average) as the fast link slowed
+    in ``bursts``: the same rate on average.
+
+    >>> bursty = averaging(Cluster(2, 3e9), LinkBursts(2.0, 0.2, 0.4))
+    >>> bursty.bandwidth_bps / 1e9, bursty.comm_time(1e6) == Cluster(2, 3e9).comm_time(1e6)
+    (4.0, True)
+    """
+    return replace(cluster, bandwidth_bps=cluster.bandwidth_bps / bursts.rate_share, bursts=bursts)
+
+
 def predict(table: ModelTable, cluster: Cluster, policy: PolicyConfig, iterations: int = 6) -> float:
     """Steady-state seconds per iteration of ``policy``: ``iterations`` simulated after the
     policy's own warm-up (Prophet's profiling). The sharded architectures run under the
